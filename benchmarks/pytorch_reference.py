@@ -1,0 +1,155 @@
+"""The quickstart recipe in plain PyTorch (eager, CPU): the yardstick ms_llm's speed and loss are measured against.
+
+Same model (GPT, 4 layers, 4 heads, hidden 128, seq 64, no bias, tied embeddings, tanh-GELU), same
+AdamW (betas 0.9/0.99, wd 0.1 on matrices), same clipping (1.0), same LR schedule (warmup 100, cosine
+1e-3 → 1e-4 over 2000 steps), batch 12.
+
+  --sampling random   nanoGPT's regime: every batch is 12 random windows of the token stream
+  --sampling packed   ms_llm's regime: the packed MindRecord samples of data/shakespeare_char, in the
+                      same shuffled order ms_llm reads them
+
+PyTorch is not a dependency of ms_llm: `pip install torch==2.13.0` to run this.
+
+  python benchmarks/pytorch_reference.py --steps 2000 --sampling random   # final val loss
+  python benchmarks/pytorch_reference.py --steps 300 --eval-every 0       # speed only
+"""
+import argparse
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+class Block(nn.Module):
+    def __init__(self, h, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(h, bias=False), nn.LayerNorm(h, bias=False)
+        self.qkv, self.proj = nn.Linear(h, 3 * h, bias=False), nn.Linear(h, h, bias=False)
+        self.up, self.down = nn.Linear(h, 4 * h, bias=False), nn.Linear(4 * h, h, bias=False)
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
+        return x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+
+
+class GPT(nn.Module):
+    def __init__(self, vocab, seq, h=128, layers=4, heads=4):
+        super().__init__()
+        self.wte, self.wpe = nn.Embedding(vocab, h), nn.Embedding(seq, h)
+        self.blocks = nn.ModuleList(Block(h, heads) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(h, bias=False)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith(("proj.weight", "down.weight")) else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for blk in self.blocks:
+            x = blk(x)
+        return self.ln_f(x) @ self.wte.weight.T
+
+
+def lr_at(step, steps, warmup=100, lr=1e-3, min_lr=1e-4):
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = (step - warmup) / max(1, steps - warmup)
+    return min_lr + 0.5 * (1 + math.cos(math.pi * min(1.0, progress))) * (lr - min_lr)
+
+
+def read_split(dataset_dir, manifest, split):
+    from mindspore.mindrecord import FileReader
+
+    reader = FileReader(os.path.join(dataset_dir, manifest["splits"][split]["file"]))
+    rows = [item["input_ids"] for item in reader.get_next()]
+    reader.close()
+    return np.stack(rows).astype(np.int64)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dataset-dir", default=os.path.join(ROOT, "data", "shakespeare_char"))
+    ap.add_argument("--steps", type=int, default=2000)
+    ap.add_argument("--batch", type=int, default=12)
+    ap.add_argument("--sampling", choices=("random", "packed"), default="random")
+    ap.add_argument("--eval-every", type=int, default=500)
+    ap.add_argument("--eval-batches", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=1337)
+    ap.add_argument("--threads", type=int, default=0)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+
+    from ms_llm.data.loader import RankStream
+    from ms_llm.data.manifest import load_manifest
+
+    manifest = load_manifest(args.dataset_dir)
+    seq = manifest["seq_length"]
+    train, val = read_split(args.dataset_dir, manifest, "train"), read_split(args.dataset_dir, manifest, "val")
+    train_stream = np.concatenate([train[0]] + [r[1:] for r in train])  # undo the one-token overlap
+    val_stream = np.concatenate([val[0]] + [r[1:] for r in val])
+    rng = np.random.default_rng(args.seed)
+    order = RankStream(len(train), 1, 0, args.seed)
+
+    def batch(step):
+        if args.sampling == "packed":
+            return torch.from_numpy(train[order.indices(step * args.batch, (step + 1) * args.batch)])
+        starts = rng.integers(0, len(train_stream) - seq - 1, args.batch)
+        return torch.from_numpy(np.stack([train_stream[s:s + seq + 1] for s in starts]))
+
+    def evaluate():
+        """Mean loss over eval_batches random windows of the validation split (nanoGPT's estimate_loss)."""
+        vr = np.random.default_rng(0)
+        model.eval()
+        losses = []
+        with torch.no_grad():
+            for _ in range(args.eval_batches):
+                starts = vr.integers(0, len(val_stream) - seq - 1, args.batch)
+                b = torch.from_numpy(np.stack([val_stream[s:s + seq + 1] for s in starts]))
+                losses.append(F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten()).item())
+        model.train()
+        return float(np.mean(losses))
+
+    model = GPT(manifest["vocab_size"], seq)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    times = []
+    for step in range(args.steps):
+        b = batch(step)
+        t0 = time.perf_counter()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args.steps)
+        loss = F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
+            print(f"step {step + 1}: train loss {loss.item():.4f}, val loss {evaluate():.4f}", flush=True)
+    steady = sorted(times[min(10, len(times) - 1):])
+    ms = 1e3 * float(np.median(steady))
+    result = {"framework": f"pytorch {torch.__version__}", "threads": torch.get_num_threads(),
+              "ms_per_step": ms, "tokens_per_s": args.batch * seq / (ms / 1e3), "sampling": args.sampling}
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

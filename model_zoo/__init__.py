@@ -1,0 +1,24 @@
+"""Model families assembled from ms_llm.nn. `build_model(model_config)` is the one entry point."""
+import mindspore as ms
+
+DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
+
+
+def build_model(m, compute_dtype="float32"):
+    """A CausalLM for the (validated) `ModelConfig` m, its weights float32, matmuls in `compute_dtype`."""
+    from model_zoo.gpt2.model import build_gpt2
+    from model_zoo.llama.model import build_llama
+
+    builders = {"gpt2": build_gpt2, "llama": build_llama}
+    if m.vocab_size is None:
+        raise ValueError("model.vocab_size must be resolved (from the dataset manifest) before building the model")
+    return builders[m.arch](m, DTYPES[compute_dtype])
+
+
+def count_params(model, exclude_positions=False):
+    n = 0
+    for name, p in model.parameters_and_names():
+        if exclude_positions and name.endswith("positions"):
+            continue
+        n += int(__import__("numpy").prod(p.shape))
+    return n

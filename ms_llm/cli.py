@@ -1,0 +1,118 @@
+"""`ms-llm <command>`: the command-line entry point. Each command parses its arguments and calls one
+function of the framework; a `UserError` becomes one paragraph on stderr and exit code 2."""
+import argparse
+import sys
+
+from ms_llm.errors import UserError
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse, but a bad argument exits 2 with one line naming it and the usage (no traceback)."""
+
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        self.exit(2, f"error: {message}. Run '{self.prog} --help' for the options.\n")
+
+
+def add_train_args(p):
+    p.add_argument("--config", required=True, help="YAML config, e.g. configs/shakespeare_char.yaml")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value (repeatable), e.g. --set train.max_steps=300")
+    p.add_argument("--run-dir", help="where the run is written (default: runs/<config>-<time>); must not exist "
+                                     "unless --resume")
+    p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its newest checkpoint")
+
+
+def cmd_train(args):
+    from ms_llm.config import load_config
+    from ms_llm.train.trainer import run
+
+    cfg = load_config(args.config, args.overrides)
+    run(cfg, run_dir=args.run_dir, resume=args.resume, config_path=args.config)
+
+
+def cmd_preprocess(args):
+    from ms_llm.data.preprocess import preprocess
+
+    if args.config:
+        from ms_llm.config import load_config
+
+        cfg = load_config(args.config, args.overrides)
+        d = cfg.data
+        args.input = args.input or d.source
+        args.output_dir = args.output_dir or d.dataset_dir
+        args.seq_length = args.seq_length or cfg.model.seq_length
+        args.tokenizer = args.tokenizer or d.tokenizer
+        args.val_fraction = args.val_fraction if args.val_fraction is not None else d.val_fraction
+        args.text_field = args.text_field or d.text_field
+    missing = [f"--{n.replace('_', '-')}" for n in ("input", "output_dir", "seq_length") if not getattr(args, n)]
+    if missing:
+        raise UserError(f"preprocess needs {', '.join(missing)} (or --config with data.source, data.dataset_dir and "
+                        f"model.seq_length).")
+    if args.seq_length <= 0:
+        raise UserError(f"--seq-length = {args.seq_length} must be a positive integer.")
+    val = 0.1 if args.val_fraction is None else args.val_fraction
+    if not 0 < val < 1:
+        raise UserError(f"--val-fraction = {val} must be between 0 and 1 (e.g. 0.1).")
+    preprocess(args.input, args.output_dir, args.seq_length, args.tokenizer or "char", val, args.text_field or "text",
+               overwrite=args.overwrite)
+
+
+def cmd_sample(args):
+    from ms_llm.train.generate import sample
+
+    for text in sample(args.run_dir, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
+                       args.num_samples, args.checkpoint):
+        print(text)
+        print("-" * 40)
+
+
+def build_parser():
+    parser = ArgumentParser(prog="ms-llm", description="Train, debug and tune LLMs with MindSpore.")
+    sub = parser.add_subparsers(dest="command", metavar="command", parser_class=ArgumentParser)
+    sub.required = True
+
+    p = sub.add_parser("train", help="train a model (also: msrun ... train.py --config C)")
+    add_train_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("preprocess", help="text/JSONL → tokenized, packed MindRecord + manifest")
+    p.add_argument("--input", help="text file (one document) or JSONL (one document per line)")
+    p.add_argument("--output-dir", help="dataset folder to create")
+    p.add_argument("--seq-length", type=int, help="model context length; samples hold seq_length + 1 tokens")
+    p.add_argument("--tokenizer", help="char (default) | byte | path/to/tokenizer.json")
+    p.add_argument("--val-fraction", type=float, help="share of tokens kept for validation (default 0.1)")
+    p.add_argument("--text-field", help="JSONL key holding the text (default: text)")
+    p.add_argument("--config", help="take the defaults above from a training config's data/model sections")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --output-dir")
+    p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("sample", help="generate text from a trained run")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--prompt", default="\n")
+    p.add_argument("--max-new-tokens", type=int, default=500)
+    p.add_argument("--temperature", type=float, default=0.8)
+    p.add_argument("--top-k", type=int, default=200)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--checkpoint", help="a .ckpt file (default: the run's newest)")
+    p.set_defaults(func=cmd_sample)
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

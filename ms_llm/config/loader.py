@@ -1,0 +1,222 @@
+"""YAML file + preset + `--set section.key=value` overrides → a typed, validated `Config`.
+
+Every problem becomes a `UserError` naming the field, the value and the fix, raised before any graph
+is compiled or any file is written.
+"""
+import dataclasses
+import os
+import typing
+
+import yaml
+
+from ms_llm.config.schema import Config
+from ms_llm.errors import UserError, closest
+
+SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+
+
+def load_config(path=None, overrides=(), validate=True):
+    """Read `path` (YAML), apply `overrides` (["section.key=value", ...]) and return a `Config`."""
+    raw = read_yaml(path) if path else {}
+    for item in overrides:
+        apply_override(raw, item)
+    cfg = from_dict(raw)
+    if validate:
+        from ms_llm.config.validate import validate_config
+
+        validate_config(cfg)
+    return cfg
+
+
+def read_yaml(path):
+    if not os.path.isfile(path):
+        raise UserError(f"config file '{path}' does not exist. Pass an existing YAML file with --config, "
+                        f"e.g. --config configs/shakespeare_char.yaml (paths are relative to the current directory).")
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = yaml.safe_load(f)
+    except OSError as e:
+        raise UserError(f"config file '{path}' cannot be read ({e.strerror}). Check its permissions.") from None
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        loc = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        raise UserError(f"config file '{path}' is not valid YAML{loc}: {getattr(e, 'problem', e)}. "
+                        f"Fix the syntax there (indentation uses spaces; 'key: value' needs the space).") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise UserError(f"config file '{path}' must hold a mapping of sections (model:, data:, train:, ...), "
+                        f"not a {type(raw).__name__}.")
+    return raw
+
+
+def apply_override(raw, item):
+    """Apply one `section.key=value` (value parsed as YAML, so 3, 1e-3, true, [1, 2] are typed)."""
+    if "=" not in item:
+        raise UserError(f"--set '{item}' is not of the form section.key=value, e.g. --set train.max_steps=300.")
+    dotted, text = item.split("=", 1)
+    keys = dotted.strip().split(".")
+    if len(keys) < 2 or not all(keys):
+        raise UserError(f"--set '{item}': '{dotted}' must name a section and a key, e.g. train.max_steps.")
+    try:
+        value = yaml.safe_load(text) if text.strip() else ""
+    except yaml.YAMLError:
+        value = text
+    node = raw
+    for k in keys[:-1]:
+        child = node.get(k)
+        if child is None:
+            child = node[k] = {}
+        if not isinstance(child, dict):
+            raise UserError(f"--set '{item}': '{k}' holds a value, not a section, so '{dotted}' cannot be set.")
+        node = child
+    node[keys[-1]] = value
+
+
+def from_dict(raw):
+    """Build the typed Config from a plain dict (sections → keys → values)."""
+    raw = dict(raw)
+    for name in raw:
+        if name not in SECTIONS:
+            hint = closest(name, SECTIONS)
+            raise UserError(f"unknown config section '{name}'"
+                            + (f" — did you mean '{hint}'?" if hint else ".")
+                            + f" Valid sections: {', '.join(SECTIONS)}.")
+    model = raw.get("model") or {}
+    if isinstance(model, dict) and model.get("preset"):
+        raw["model"] = with_preset(model)
+    sections = {}
+    for name, cls in SECTIONS.items():
+        values = raw.get(name) or {}
+        if not isinstance(values, dict):
+            raise UserError(f"config section '{name}' must be a mapping of keys, got {values!r}. "
+                            f"Write it as '{name}:' followed by indented 'key: value' lines.")
+        sections[name] = build_section(name, cls, values)
+    return Config(**sections)
+
+
+def with_preset(model):
+    from model_zoo.presets import PRESETS
+
+    name = model["preset"]
+    if name not in PRESETS:
+        hint = closest(str(name), PRESETS)
+        raise UserError(f"model.preset = '{name}' is not a known preset"
+                        + (f" — did you mean '{hint}'?" if hint else ".")
+                        + f" Known presets: {', '.join(sorted(PRESETS))}.")
+    return {**PRESETS[name], **model}
+
+
+def build_section(section, cls, values):
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for key, value in values.items():
+        if key not in fields:
+            hint = closest(str(key), fields)
+            raise UserError(f"unknown key '{key}' in section '{section}'"
+                            + (f" — did you mean '{hint}'?" if hint else ".")
+                            + f" Valid keys in '{section}': {', '.join(fields)}.")
+        kwargs[key] = coerce(value, hints[key], f"{section}.{key}")
+        choices = fields[key].metadata.get("choices")
+        if choices and kwargs[key] is not None and kwargs[key] not in choices:
+            hint = closest(str(kwargs[key]), choices)
+            raise UserError(f"{section}.{key} = {value!r} is not allowed"
+                            + (f" — did you mean '{hint}'?" if hint else ".")
+                            + f" Choose one of: {', '.join(map(str, choices))}.")
+    return cls(**kwargs)
+
+
+def type_name(tp):
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        name = " or ".join(type_name(a) for a in args)
+        return name + (" or null" if type(None) in typing.get_args(tp) else "")
+    if origin in (list, typing.List):
+        return f"list of {type_name(typing.get_args(tp)[0])}"
+    return getattr(tp, "__name__", str(tp))
+
+
+class _Mismatch(Exception):
+    pass
+
+
+def coerce(value, tp, path):
+    """Convert `value` to type `tp`, accepting the spellings YAML and the command line produce."""
+    try:
+        return _coerce(value, tp)
+    except _Mismatch:
+        raise UserError(f"{path} = {value!r} ({type(value).__name__}) has the wrong type: expected "
+                        f"{type_name(tp)}. Fix the value in the config file or in --set {path}=...") from None
+
+
+def _coerce(value, tp):
+    origin = typing.get_origin(tp)
+    if origin is typing.Union:
+        args = typing.get_args(tp)
+        if value is None or (isinstance(value, str) and value.strip().lower() in ("null", "none", "~")):
+            if type(None) in args:
+                return None
+            raise _Mismatch
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _coerce(value, arg)
+            except _Mismatch:
+                continue
+        raise _Mismatch
+    if origin in (list, typing.List):
+        if not isinstance(value, (list, tuple)):
+            raise _Mismatch
+        (item,) = typing.get_args(tp)
+        return [_coerce(v, item) for v in value]
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.strip().lower() in ("true", "yes", "on", "false", "no", "off"):
+            return value.strip().lower() in ("true", "yes", "on")
+        raise _Mismatch
+    if tp is int:
+        if isinstance(value, bool):
+            raise _Mismatch
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise _Mismatch
+    if tp is float:
+        if isinstance(value, bool):
+            raise _Mismatch
+        if isinstance(value, (int, float)):
+            return float(value)
+        if isinstance(value, str):  # PyYAML reads 1e-3 (no dot) as a string
+            try:
+                return float(value.strip())
+            except ValueError:
+                pass
+        raise _Mismatch
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise _Mismatch
+    if tp is dict:
+        if isinstance(value, dict):
+            return value
+        raise _Mismatch
+    raise _Mismatch
+
+
+def to_dict(cfg):
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg, path):
+    with open(path, "w", encoding="utf-8") as f:
+        yaml.safe_dump(to_dict(cfg), f, sort_keys=False, default_flow_style=None)

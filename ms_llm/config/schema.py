@@ -1,0 +1,138 @@
+"""One typed dataclass per YAML section. The field list here *is* the config reference.
+
+`choices` in a field's metadata restricts a string field; `help` is shown by `ms-llm config --help`-style
+messages and in the README reference. Defaults are the values a new user should get.
+"""
+from dataclasses import dataclass, field
+from typing import List, Optional, Union
+
+
+def opt(default, help="", choices=None):
+    """A dataclass field with documentation (and optional allowed values) attached."""
+    meta = {"help": help}
+    if choices:
+        meta["choices"] = tuple(choices)
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ModelConfig:
+    arch: str = opt("gpt2", "model family", choices=("gpt2", "llama"))
+    preset: Optional[str] = opt(None, "named shape (gpt2-124m, llama2-7b, tiny-gpt2, tiny-llama); "
+                                      "keys set next to it override the preset")
+    num_layers: int = opt(4, "decoder layers")
+    hidden_size: int = opt(128, "model width")
+    num_heads: int = opt(4, "attention heads")
+    num_kv_heads: Optional[int] = opt(None, "key/value heads for grouped-query attention (null: = num_heads)")
+    ffn_hidden_size: Optional[int] = opt(None, "MLP inner width (null: 4*hidden for gpt2, "
+                                               "the Llama 2/3*4*hidden rounded to multiple_of for llama)")
+    multiple_of: int = opt(256, "llama: round the derived ffn_hidden_size up to a multiple of this")
+    seq_length: int = opt(64, "tokens per sample seen by the model (the data holds seq_length+1)")
+    vocab_size: Optional[int] = opt(None, "null: taken from the dataset manifest")
+    init_std: float = opt(0.02, "std of the normal init; residual projections get init_std/sqrt(2*num_layers)")
+    dropout: float = opt(0.0, "dropout on attention probs, residual branches and embeddings")
+    bias: bool = opt(False, "biases in linear layers and LayerNorm (gpt2 only)")
+    tie_embeddings: bool = opt(True, "share the token embedding with the LM head")
+    norm_eps: float = opt(1e-5, "epsilon of LayerNorm / RMSNorm")
+    rope_theta: float = opt(10000.0, "llama: RoPE base")
+
+
+@dataclass
+class DataConfig:
+    dataset_dir: str = opt("data/shakespeare_char", "folder with train/val MindRecord + manifest.json")
+    source: Optional[str] = opt(None, "text or JSONL file; when dataset_dir has no manifest, training "
+                                      "preprocesses this first")
+    tokenizer: str = opt("char", "char, byte, or the path of a Hugging Face tokenizer.json")
+    val_fraction: float = opt(0.1, "share of the corpus (by tokens, taken from its end) kept for validation")
+    text_field: str = opt("text", "JSONL key holding the document text")
+    num_workers: int = opt(1, "dataset reader threads")
+
+
+@dataclass
+class TrainConfig:
+    global_batch_size: int = opt(12, "samples per optimizer step over all ranks and micro-batches")
+    micro_batch_size: int = opt(12, "samples per forward/backward on one rank; "
+                                    "accumulation steps = global / (micro * data_parallel)")
+    max_steps: int = opt(2000, "optimizer steps")
+    lr: float = opt(1e-3, "peak learning rate")
+    min_lr: float = opt(1e-4, "final learning rate of the decay")
+    warmup_steps: int = opt(100, "linear warmup from 0 to lr")
+    lr_schedule: str = opt("cosine", "decay after warmup", choices=("cosine", "linear", "constant"))
+    decay_steps: Optional[int] = opt(None, "step at which the decay reaches min_lr (null: max_steps)")
+    weight_decay: float = opt(0.1, "AdamW decoupled weight decay, applied to matrices only")
+    beta1: float = opt(0.9, "AdamW beta1")
+    beta2: float = opt(0.99, "AdamW beta2")
+    eps: float = opt(1e-8, "AdamW epsilon")
+    clip_grad: float = opt(1.0, "clip the global gradient norm to this after accumulation (0: off)")
+    seed: int = opt(1337, "seeds init, data order and dropout")
+    log_interval: int = opt(10, "steps between log lines")
+    eval_interval: int = opt(250, "steps between validation passes (0: only at the end)")
+    eval_steps: int = opt(200, "validation batches per pass (capped at the size of the split)")
+
+
+@dataclass
+class PrecisionConfig:
+    compute_dtype: str = opt("float32", "dtype of matmuls and activations; softmax, norms, loss and "
+                                        "master weights stay float32", choices=("float32", "float16", "bfloat16"))
+    loss_scale: str = opt("dynamic", "loss scaling", choices=("dynamic", "static", "none"))
+    init_scale: float = opt(65536.0, "initial (dynamic) or fixed (static) loss scale")
+    scale_window: int = opt(1000, "dynamic: double the scale after this many overflow-free steps")
+    scale_factor: float = opt(2.0, "dynamic: growth / back-off factor")
+
+
+@dataclass
+class ParallelConfig:
+    data_parallel: Optional[int] = opt(None, "data-parallel ranks (null: world size / (model_parallel * pipeline_stage))")
+    model_parallel: int = opt(1, "tensor-parallel ranks")
+    pipeline_stage: int = opt(1, "pipeline stages")
+    micro_batch_num: int = opt(1, "pipeline micro-batches")
+    use_seq_parallel: bool = opt(False, "shard norms / residuals along the sequence (needs model_parallel > 1)")
+    vocab_emb_dp: bool = opt(True, "embedding / LM head data-parallel instead of vocab-split")
+    optimizer_shard: bool = opt(False, "shard optimizer states over data-parallel ranks")
+    gradient_aggregation_group: int = opt(4, "fusion group for gradient all-reduce")
+
+
+@dataclass
+class RecomputeConfig:
+    recompute: Union[bool, List[int]] = opt(False, "true: recompute every layer; a list: layers per stage")
+    select_recompute: bool = opt(False, "recompute only attention core and MLP activation")
+
+
+@dataclass
+class CheckpointConfig:
+    save_interval: int = opt(0, "steps between checkpoints (0: only the final one)")
+    auto_resume: bool = opt(False, "resume from the newest valid checkpoint in the run directory")
+    keep_last: int = opt(3, "checkpoints kept per rank (older ones pruned after a save completes)")
+
+
+@dataclass
+class MonitorConfig:
+    summary: bool = opt(True, "write MindSpore Insight summary files under <run>/summary")
+    progress_bar: bool = opt(True, "tqdm progress bar on rank 0")
+    peak_tflops: Optional[float] = opt(None, "per-device peak for MFU (null: a default by device)")
+
+
+@dataclass
+class ContextConfig:
+    device_target: str = opt("auto", "where to run (auto: Ascend, then GPU, then CPU)",
+                             choices=("auto", "CPU", "GPU", "Ascend"))
+    mode: str = opt("graph", "graph (compiled) or pynative (eager, for debugging)", choices=("graph", "pynative"))
+    device_id: Optional[int] = opt(None, "device index (null: from the launcher / 0)")
+    jit_level: Optional[str] = opt(None, "MindSpore jit_level", choices=("O0", "O1", "O2"))
+    max_device_memory: Optional[str] = opt(None, "e.g. '58GB' on Ascend")
+    num_threads: Optional[int] = opt(None, "CPU kernel threads (null: MindSpore default)")
+
+
+@dataclass
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
+    recompute_config: RecomputeConfig = field(default_factory=RecomputeConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    context: ContextConfig = field(default_factory=ContextConfig)

@@ -1,0 +1,135 @@
+"""Checks that need more than one field, and values derived from several fields.
+
+`validate_config` runs on every load (static checks). `resolve_runtime` runs once the world size and the
+dataset manifest are known, still before any graph is compiled.
+"""
+from ms_llm.errors import UserError
+
+
+def derived_ffn_hidden_size(m):
+    if m.ffn_hidden_size:
+        return m.ffn_hidden_size
+    if m.arch == "gpt2":
+        return 4 * m.hidden_size
+    hidden = int(2 * (4 * m.hidden_size) / 3)  # SwiGLU has 3 matrices: keep the parameter count of a 4h MLP
+    return m.multiple_of * ((hidden + m.multiple_of - 1) // m.multiple_of)
+
+
+def validate_config(cfg):
+    m, t, p = cfg.model, cfg.train, cfg.precision
+    positive = [("model.num_layers", m.num_layers), ("model.hidden_size", m.hidden_size),
+                ("model.num_heads", m.num_heads), ("model.seq_length", m.seq_length),
+                ("model.multiple_of", m.multiple_of),
+                ("train.global_batch_size", t.global_batch_size), ("train.micro_batch_size", t.micro_batch_size),
+                ("train.max_steps", t.max_steps), ("train.log_interval", t.log_interval),
+                ("train.eval_steps", t.eval_steps), ("precision.scale_window", p.scale_window),
+                ("parallel_config.model_parallel", cfg.parallel_config.model_parallel),
+                ("parallel_config.pipeline_stage", cfg.parallel_config.pipeline_stage),
+                ("parallel_config.micro_batch_num", cfg.parallel_config.micro_batch_num)]
+    for name, v in positive:
+        if v <= 0:
+            raise UserError(f"{name} = {v} must be a positive integer.")
+    for name, v in [("model.num_kv_heads", m.num_kv_heads), ("model.ffn_hidden_size", m.ffn_hidden_size),
+                    ("model.vocab_size", m.vocab_size), ("parallel_config.data_parallel",
+                                                         cfg.parallel_config.data_parallel)]:
+        if v is not None and v <= 0:
+            raise UserError(f"{name} = {v} must be a positive integer (or null to derive it).")
+    if m.hidden_size % m.num_heads:
+        raise UserError(f"model.hidden_size = {m.hidden_size} is not divisible by model.num_heads = {m.num_heads}: "
+                        f"each head needs hidden_size/num_heads dimensions. Pick num_heads from the divisors of "
+                        f"{m.hidden_size} (e.g. {nearest_divisor(m.hidden_size, m.num_heads)}) or change hidden_size.")
+    if m.num_kv_heads is None:
+        m.num_kv_heads = m.num_heads
+    if m.num_heads % m.num_kv_heads:
+        raise UserError(f"model.num_heads = {m.num_heads} is not divisible by model.num_kv_heads = {m.num_kv_heads}: "
+                        f"grouped-query attention shares each key/value head among num_heads/num_kv_heads query heads. "
+                        f"Use a divisor of {m.num_heads}.")
+    if m.arch == "gpt2" and m.num_kv_heads != m.num_heads:
+        raise UserError(f"model.num_kv_heads = {m.num_kv_heads} with model.arch = gpt2: GPT-2 uses full multi-head "
+                        f"attention. Remove num_kv_heads or use arch: llama for grouped-query attention.")
+    if (m.hidden_size // m.num_heads) % 2 and m.arch == "llama":
+        raise UserError(f"model.hidden_size / model.num_heads = {m.hidden_size // m.num_heads} is odd: RoPE rotates "
+                        f"pairs of dimensions, so the head size must be even.")
+    m.ffn_hidden_size = derived_ffn_hidden_size(m)
+    if not 0.0 <= m.dropout < 1.0:
+        raise UserError(f"model.dropout = {m.dropout} must be in [0, 1).")
+    if m.init_std <= 0:
+        raise UserError(f"model.init_std = {m.init_std} must be > 0 (GPT-2 uses 0.02).")
+    if not 0.0 < cfg.data.val_fraction < 1.0:
+        raise UserError(f"data.val_fraction = {cfg.data.val_fraction} must be between 0 and 1 (e.g. 0.1).")
+    if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
+        raise UserError(f"train.lr = {t.lr} and train.min_lr = {t.min_lr}: need 0 <= min_lr <= lr and lr > 0.")
+    if t.warmup_steps < 0 or t.warmup_steps > t.max_steps:
+        raise UserError(f"train.warmup_steps = {t.warmup_steps} must be between 0 and train.max_steps = {t.max_steps}.")
+    if t.decay_steps is not None and t.decay_steps <= t.warmup_steps:
+        raise UserError(f"train.decay_steps = {t.decay_steps} must exceed train.warmup_steps = {t.warmup_steps} "
+                        f"(or be null to decay until train.max_steps).")
+    if not (0 <= t.beta1 < 1 and 0 <= t.beta2 < 1):
+        raise UserError(f"train.beta1 = {t.beta1}, train.beta2 = {t.beta2}: both must be in [0, 1).")
+    if t.clip_grad < 0 or t.weight_decay < 0 or t.eval_interval < 0:
+        raise UserError("train.clip_grad, train.weight_decay and train.eval_interval must be >= 0 "
+                        f"(got {t.clip_grad}, {t.weight_decay}, {t.eval_interval}).")
+    if t.global_batch_size % t.micro_batch_size:
+        raise UserError(f"train.global_batch_size = {t.global_batch_size} is not divisible by "
+                        f"train.micro_batch_size = {t.micro_batch_size}. The global batch is split into micro-batches "
+                        f"(accumulation steps × data-parallel ranks); make it a multiple of the micro batch.")
+    if p.init_scale <= 0 or p.scale_factor <= 1:
+        raise UserError(f"precision.init_scale = {p.init_scale} must be > 0 and precision.scale_factor = "
+                        f"{p.scale_factor} must be > 1.")
+    if cfg.checkpoint.save_interval < 0 or cfg.checkpoint.keep_last < 1:
+        raise UserError(f"checkpoint.save_interval = {cfg.checkpoint.save_interval} must be >= 0 and "
+                        f"checkpoint.keep_last = {cfg.checkpoint.keep_last} must be >= 1.")
+    return cfg
+
+
+def nearest_divisor(n, near):
+    divisors = [d for d in range(1, n + 1) if n % d == 0]
+    return min(divisors, key=lambda d: abs(d - near))
+
+
+def resolve_runtime(cfg, world_size, device_target):
+    """Fill in data_parallel and check the batch arithmetic for this launch. Returns accumulation steps."""
+    pc = cfg.parallel_config
+    model_pipe = pc.model_parallel * pc.pipeline_stage
+    if model_pipe > 1 and device_target == "CPU":
+        raise UserError(f"parallel_config.model_parallel = {pc.model_parallel}, pipeline_stage = {pc.pipeline_stage}: "
+                        f"tensor and pipeline parallelism use MindSpore's semi-auto parallel mode, which needs Ascend "
+                        f"or GPU devices; on CPU only data parallelism runs. Set both to 1 here, or launch on Ascend.")
+    if pc.use_seq_parallel and pc.model_parallel == 1:
+        raise UserError("parallel_config.use_seq_parallel = true needs parallel_config.model_parallel > 1: sequence "
+                        "parallelism splits the work that tensor parallelism replicates. Set it to false.")
+    if pc.data_parallel is None:
+        if world_size % model_pipe:
+            raise UserError(f"{world_size} ranks cannot be split into model_parallel × pipeline_stage = {model_pipe}. "
+                            f"Launch a multiple of {model_pipe} workers.")
+        pc.data_parallel = world_size // model_pipe
+    if pc.data_parallel * model_pipe != world_size:
+        raise UserError(f"parallel_config: data_parallel × model_parallel × pipeline_stage = {pc.data_parallel} × "
+                        f"{pc.model_parallel} × {pc.pipeline_stage} = {pc.data_parallel * model_pipe}, but "
+                        f"{world_size} rank(s) were launched. Make the product equal the worker count "
+                        f"(or set data_parallel: null to derive it).")
+    t = cfg.train
+    per_step = t.micro_batch_size * pc.data_parallel
+    if t.global_batch_size % per_step:
+        raise UserError(f"train.global_batch_size = {t.global_batch_size} is not divisible by "
+                        f"train.micro_batch_size × data_parallel = {t.micro_batch_size} × {pc.data_parallel} = "
+                        f"{per_step}. Choose a global batch that is a multiple of {per_step}, or change the micro "
+                        f"batch; accumulation steps are derived as global / (micro × data_parallel).")
+    return t.global_batch_size // per_step
+
+
+def check_against_dataset(cfg, manifest, dataset_dir):
+    """The model must fit the data: sample length and vocabulary come from the manifest."""
+    m = cfg.model
+    sample_len = manifest["seq_length"]
+    if m.seq_length > sample_len:
+        raise UserError(f"model.seq_length = {m.seq_length} is larger than the samples in '{dataset_dir}' "
+                        f"({sample_len} tokens + 1). Set model.seq_length <= {sample_len}, or re-run preprocessing "
+                        f"with --seq-length {m.seq_length} into a new directory.")
+    need = manifest["vocab_size"]
+    if m.vocab_size is None:
+        m.vocab_size = need
+    elif m.vocab_size < need:
+        raise UserError(f"model.vocab_size = {m.vocab_size} is smaller than the dataset's vocabulary ({need} tokens, "
+                        f"largest id {manifest.get('max_token_id', need - 1)}) in '{dataset_dir}'. Set "
+                        f"model.vocab_size >= {need}, or null to take it from the data.")

@@ -1,0 +1,128 @@
+"""Read packed samples from MindRecord as micro-batches for one rank.
+
+The global sample stream is the concatenation of epochs, each a permutation of the split drawn from
+(seed, epoch). Global batch k is stream positions [k*G, (k+1)*G). Rank r of `dp` reads the positions
+p with p % dp == r, the same interleaving MindDataset's own `num_shards`/`shard_id` sharding uses, but
+computed here so that:
+  * global batch k holds the same samples whatever the number of ranks;
+  * resuming at any sample count is exact (no sample repeated or skipped) without reading the skipped ones;
+  * epochs join seamlessly (a micro-batch may span two epochs).
+The indices are handed to `MindDataset` through a `SubsetSampler`, so reading and batching stay in
+MindSpore's C++ pipeline.
+"""
+import os
+import time
+
+import numpy as np
+
+MAX_CHUNK = 1 << 20  # rank samples per MindDataset pipeline (~4 MiB of indices)
+
+
+def epoch_permutation(seed, epoch, n):
+    return np.random.default_rng([seed, epoch]).permutation(n)
+
+
+class RankStream:
+    """Sample indices of rank `rank` at its stream positions q (global position q*dp + rank)."""
+
+    def __init__(self, num_samples, dp, rank, seed, shuffle=True):
+        self.n, self.dp, self.rank, self.seed, self.shuffle = num_samples, dp, rank, seed, shuffle
+        self._perms = {}
+
+    def _perm(self, epoch):
+        if not self.shuffle:
+            return None
+        if epoch not in self._perms:
+            if len(self._perms) > 2:
+                self._perms.pop(min(self._perms))
+            self._perms[epoch] = epoch_permutation(self.seed, epoch, self.n)
+        return self._perms[epoch]
+
+    def indices(self, q0, q1):
+        p = np.arange(q0, q1, dtype=np.int64) * self.dp + self.rank
+        epochs, pos = p // self.n, p % self.n
+        if not self.shuffle:
+            return pos
+        out = np.empty_like(pos)
+        for e in np.unique(epochs):
+            sel = epochs == e
+            out[sel] = self._perm(int(e))[pos[sel]]
+        return out
+
+
+def make_dataset(file, indices, micro_batch, num_workers=1):
+    import mindspore.dataset as ds
+
+    data = ds.MindDataset(file, columns_list=["input_ids"], sampler=ds.SubsetSampler(indices.tolist()),
+                          num_parallel_workers=num_workers)
+    return data.batch(micro_batch, drop_remainder=True)
+
+
+class TrainBatches:
+    """Endless iterator of (micro_batch, seq_length+1) int32 Tensors for one rank.
+
+    `consumed` counts global samples (all ranks) taken so far, including the starting offset, so a
+    checkpoint can store it and a resumed run continues at exactly the next sample.
+    """
+
+    def __init__(self, dataset_dir, manifest, split, micro_batch, dp=1, rank=0, seed=0, seq_length=None,
+                 consumed=0, shuffle=True, num_workers=1):
+        self.file = os.path.join(dataset_dir, manifest["splits"][split]["file"])
+        self.num_samples = manifest["splits"][split]["samples"]
+        self.micro_batch, self.dp, self.num_workers = micro_batch, dp, num_workers
+        self.width = (seq_length or manifest["seq_length"]) + 1
+        self.stream = RankStream(self.num_samples, dp, rank, seed, shuffle)
+        if consumed % dp:
+            raise ValueError(f"consumed={consumed} is not a multiple of data_parallel={dp}")
+        self.q = consumed // dp  # this rank's stream position
+        self.chunk = min(MAX_CHUNK, max(1, self.num_samples // (dp * micro_batch)) * micro_batch)
+        self._it = None
+        self._left = 0
+        self.wait_s = 0.0  # time spent waiting for data, reset by the reader of it
+
+    @property
+    def consumed(self):
+        return self.q * self.dp
+
+    @property
+    def epoch(self):
+        return self.consumed // self.num_samples
+
+    def _next_chunk(self):
+        idx = self.stream.indices(self.q, self.q + self.chunk)
+        self._it = make_dataset(self.file, idx, self.micro_batch, self.num_workers).create_tuple_iterator(
+            num_epochs=1, output_numpy=True)
+        self._left = self.chunk // self.micro_batch
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        import mindspore as ms
+
+        t0 = time.perf_counter()
+        if self._left == 0:
+            self._next_chunk()
+        (batch,) = next(self._it)
+        self._left -= 1
+        self.q += self.micro_batch
+        if batch.shape[1] != self.width:
+            batch = batch[:, : self.width]
+        out = ms.Tensor(batch)
+        self.wait_s += time.perf_counter() - t0
+        return out
+
+
+def eval_batches(dataset_dir, manifest, micro_batch, num_batches, dp=1, rank=0, seq_length=None, num_workers=1):
+    """The first `num_batches` global validation batches (sequential, no shuffle), this rank's slice.
+
+    Capped at the size of the split; returns a list so every evaluation sees the same batches.
+    """
+    n = manifest["splits"]["val"]["samples"]
+    num_batches = min(num_batches, n // (micro_batch * dp))
+    if num_batches == 0:
+        return []
+    it = TrainBatches(dataset_dir, manifest, "val", micro_batch, dp, rank, seq_length=seq_length,
+                      shuffle=False, num_workers=num_workers)
+    it.chunk = num_batches * micro_batch
+    return [next(it) for _ in range(num_batches)]

@@ -1,0 +1,54 @@
+"""The pre-norm decoder layer and the decoder-only language model both families are built from."""
+import mindspore as ms
+from mindspore import nn, ops
+
+from ms_llm.nn.init import normal
+
+
+class DecoderLayer(nn.Cell):
+    """x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, attn_norm, attention, mlp_norm, mlp):
+        super().__init__()
+        self.attn_norm, self.attention = attn_norm, attention
+        self.mlp_norm, self.mlp = mlp_norm, mlp
+
+    def construct(self, x):
+        x = x + self.attention(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class CausalLM(nn.Cell):
+    """Token ids (B, T) int32 → logits (B, T, V) float32.
+
+    `positions` is an optional learned position table (GPT-2); `layers` the decoder layers; the LM head
+    reuses the token embedding when `tie_embeddings`.
+    """
+
+    def __init__(self, vocab_size, hidden, layers, final_norm, init_std=0.02, tie_embeddings=True,
+                 positions=None, dropout=0.0, compute_dtype=ms.float32):
+        super().__init__()
+        self.embedding = normal((vocab_size, hidden), init_std, "embedding")
+        self.positions = positions
+        self.has_positions = positions is not None
+        self.embed_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.layers = nn.CellList(layers)
+        self.final_norm = final_norm
+        self.tie = tie_embeddings
+        self.lm_head = None if tie_embeddings else normal((vocab_size, hidden), init_std, "lm_head")
+        self.dtype = compute_dtype
+        self.vocab_size, self.hidden = vocab_size, hidden
+        self.head_matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, ids):
+        b, t = ids.shape
+        x = ops.gather(self.embedding, ids, 0)
+        if self.has_positions:
+            x = x + self.positions[:t]
+        x = self.embed_dropout(x.astype(self.dtype))
+        for layer in self.layers:
+            x = layer(x)
+        x = self.final_norm(x).reshape(b * t, self.hidden)
+        head = self.embedding if self.tie else self.lm_head
+        logits = self.head_matmul(x, head.astype(self.dtype))
+        return logits.astype(ms.float32).reshape(b, t, self.vocab_size)

@@ -1,0 +1,73 @@
+"""MindSpore context and process-group set-up: device, graph mode, threads, ranks under msrun."""
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+# Environment variables msrun (MS_*) or a rank-table launch (RANK_*) set for each worker.
+LAUNCHER_VARS = ("MS_WORKER_NUM", "MS_ROLE", "RANK_TABLE_FILE")
+
+
+@dataclass
+class Runtime:
+    device_target: str
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self):
+        return self.rank == 0
+
+
+def launched_distributed():
+    return any(v in os.environ for v in LAUNCHER_VARS) and os.environ.get("MS_ROLE", "MS_WORKER") == "MS_WORKER"
+
+
+def setup_context(ctx_cfg):
+    """Configure MindSpore from the `context` section; init communication when launched by msrun."""
+    os.environ.setdefault("GLOG_v", "3")  # MindSpore's INFO/WARNING spam hides our log lines
+    import mindspore as ms
+
+    target = ctx_cfg.device_target
+    if target == "auto":
+        target = ms.get_context("device_target")  # the backend this MindSpore package was built for
+    kwargs = {"mode": ms.GRAPH_MODE if ctx_cfg.mode == "graph" else ms.PYNATIVE_MODE, "device_target": target}
+    device_id = ctx_cfg.device_id
+    if device_id is None and "DEVICE_ID" in os.environ:
+        device_id = int(os.environ["DEVICE_ID"])
+    if device_id is not None and target != "CPU":
+        kwargs["device_id"] = device_id
+    if ctx_cfg.max_device_memory and target != "CPU":
+        kwargs["max_device_memory"] = ctx_cfg.max_device_memory
+    if ctx_cfg.jit_level:
+        kwargs["jit_config"] = {"jit_level": ctx_cfg.jit_level}
+    ms.set_context(**kwargs)
+    if ctx_cfg.num_threads:
+        ms.set_context(runtime_num_threads=ctx_cfg.num_threads)
+    rt = Runtime(target)
+    if launched_distributed():
+        from mindspore.communication import get_group_size, get_local_rank, get_rank, init
+
+        init()
+        rt.rank, rt.world_size = get_rank(), get_group_size()
+        try:
+            rt.local_rank = get_local_rank()
+        except Exception:  # not every backend reports it; only used for logging
+            rt.local_rank = rt.rank
+    return rt
+
+
+def all_ranks_min(rt, value):
+    """The minimum of an integer over all ranks (a barrier too); `value` itself on one rank."""
+    if rt.world_size == 1:
+        return value
+    import mindspore as ms
+    from mindspore import ops
+
+    out = ops.AllReduce(ops.ReduceOp.MIN)(ms.Tensor(np.array([value], np.int32)))
+    return int(out.asnumpy()[0])
+
+
+def barrier(rt):
+    all_ranks_min(rt, 0)

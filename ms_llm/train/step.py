@@ -1,0 +1,117 @@
+"""The compiled training step.
+
+One optimizer step over `accum` micro-batches on each of `dp` ranks:
+
+    for each micro-batch:  loss = CE(model(ids[:, :-1]), ids[:, 1:]) in float32
+                           grads += d(loss / accum * scale) / dW          (value_and_grad)
+    grads /= scale; all-reduce-mean over data-parallel ranks
+    finite = all_finite(grads)                       (an IsFinite reduction: works on CPU and Ascend)
+    grad_norm = ||grads||; clip to train.clip_grad  (after accumulation)
+    if finite: AdamW(grads, lr_table[step])          (else the update is skipped)
+    dynamic scale: x factor after scale_window finite steps, / factor on overflow
+
+Micro-batches before the last only accumulate (`AccumulateStep`); the last one also updates
+(`TrainStep`), so with accum == 1 a step is a single compiled call.
+"""
+import mindspore as ms
+from mindspore import Parameter, nn, ops
+from mindspore.common.initializer import initializer
+
+
+def cross_entropy(logits, targets):
+    """Mean token cross-entropy in float32."""
+    vocab = logits.shape[-1]
+    return ops.cross_entropy(logits.reshape(-1, vocab).astype(ms.float32), targets.reshape(-1))
+
+
+class LossFn(nn.Cell):
+    """ids (B, T+1) → (loss * scale / accum, loss): the first output is differentiated, the second logged."""
+
+    def __init__(self, model, accum):
+        super().__init__()
+        self.model = model
+        self.accum = accum
+
+    def construct(self, ids, scale):
+        logits = self.model(ids[:, :-1])
+        loss = cross_entropy(logits, ids[:, 1:])
+        return loss * scale / self.accum, loss
+
+
+class StepState(nn.Cell):
+    """Everything the step owns besides the model and optimizer: loss scale, counters, grad buffers."""
+
+    def __init__(self, params, precision, accum, max_steps, lr_table):
+        super().__init__()
+        init_scale = precision.init_scale if precision.loss_scale != "none" else 1.0
+        self.loss_scale = Parameter(initializer(init_scale, (), ms.float32), name="loss_scale")
+        self.good_steps = Parameter(initializer(0, (), ms.int32), name="good_steps")
+        self.global_step = Parameter(initializer(0, (), ms.int32), name="global_step")
+        self.accum_loss = Parameter(initializer(0, (), ms.float32), name="accum_loss")
+        self.grad_buffers = params.clone(prefix="grad_accum", init="zeros") if accum > 1 else None
+        self.lr_table = ms.Tensor(lr_table)
+
+
+class AccumulateStep(nn.Cell):
+    """A micro-batch that is not the last of its step: add its gradients to the buffers."""
+
+    def __init__(self, grad_fn, state):
+        super().__init__()
+        self.grad_fn, self.state = grad_fn, state
+        self.hyper_map = ops.HyperMap()
+
+    def construct(self, ids):
+        (_, loss), grads = self.grad_fn(ids, self.state.loss_scale)
+        self.hyper_map(ops.assign_add, self.state.grad_buffers, grads)
+        ops.assign_add(self.state.accum_loss, loss)
+        return loss
+
+
+class TrainStep(nn.Cell):
+    """The last micro-batch of a step plus the update. Returns (loss, grad_norm, overflow, loss_scale)."""
+
+    def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, max_steps=1, lr_table=None):
+        super().__init__()
+        self.optimizer = optimizer
+        self.weights = optimizer.params
+        self.grad_fn = ms.value_and_grad(LossFn(model, accum), None, self.weights, has_aux=True)
+        self.state = StepState(self.weights, precision, accum, max_steps, lr_table)
+        self.accumulate = AccumulateStep(self.grad_fn, self.state) if accum > 1 else None
+        self.accum, self.dp, self.clip = accum, dp, clip_grad
+        self.dynamic = precision.loss_scale == "dynamic"
+        self.scale_window, self.scale_factor = precision.scale_window, precision.scale_factor
+        self.last_step = len(lr_table) - 1
+        self.hyper_map = ops.HyperMap()
+        self.all_reduce = ops.AllReduce() if dp > 1 else None
+
+    def construct(self, ids):
+        st = self.state
+        scale = st.loss_scale.value()
+        (_, loss), grads = self.grad_fn(ids, scale)
+        if self.accum > 1:
+            grads = self.hyper_map(ops.add, grads, st.grad_buffers)
+            loss = (loss + st.accum_loss) / self.accum
+            self.hyper_map(ops.assign, st.grad_buffers, self.hyper_map(ops.zeros_like, st.grad_buffers))
+            ops.assign(st.accum_loss, ops.zeros((), ms.float32))
+        inv_scale = 1.0 / scale
+        grads = self.hyper_map(ops.partial(ops.mul, inv_scale), grads)
+        if self.dp > 1:
+            grads = self.hyper_map(ops.partial(ops.mul, 1.0 / self.dp), self.hyper_map(self.all_reduce, grads))
+            loss = self.all_reduce(loss) / self.dp
+        finite = ms.amp.all_finite(grads)
+        grad_norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
+        if self.clip > 0:
+            factor = ops.minimum(self.clip / (grad_norm + 1e-6), 1.0)
+            grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
+        lr = st.lr_table[ops.minimum(st.global_step, self.last_step)]
+        if finite:
+            self.optimizer(grads, lr)
+        ops.assign(st.global_step, st.global_step + 1)
+        if self.dynamic:
+            good = ops.select(finite, st.good_steps + 1, ops.zeros((), ms.int32))
+            grow = good >= self.scale_window
+            new_scale = ops.select(finite, ops.select(grow, scale * self.scale_factor, scale),
+                                   ops.maximum(scale / self.scale_factor, 1.0))
+            ops.assign(st.good_steps, ops.select(grow, ops.zeros((), ms.int32), good))
+            ops.assign(st.loss_scale, new_scale)
+        return loss, grad_norm, ops.logical_not(finite), st.loss_scale.value()

@@ -1,0 +1,15 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="ms_llm",
+    version="0.1.0",
+    description="A MindSpore-native framework for training large language models, with the debugging and "
+                "performance-tuning workflow built in.",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.9",
+    packages=find_packages(include=["ms_llm", "ms_llm.*", "model_zoo", "model_zoo.*"]),
+    install_requires=["mindspore==2.10.0", "numpy<2", "pyyaml", "tqdm"],
+    extras_require={"dev": ["pytest"], "hf": ["tokenizers"]},
+    entry_points={"console_scripts": ["ms-llm=ms_llm.cli:main"]},
+)

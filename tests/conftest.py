@@ -1,0 +1,46 @@
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHAKESPEARE = os.path.join(ROOT, "data", "tinyshakespeare.txt")
+os.environ.setdefault("GLOG_v", "3")
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    """The first 60k characters of the bundled sample: big enough for a few epochs of tiny batches."""
+    path = tmp_path_factory.mktemp("corpus") / "small.txt"
+    with open(SHAKESPEARE, encoding="utf-8") as f:
+        path.write_text(f.read()[:60000], encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def dataset(corpus, tmp_path_factory):
+    """A char-level dataset with seq_length 32."""
+    from ms_llm.data.preprocess import preprocess
+
+    out = str(tmp_path_factory.mktemp("ds") / "small_char")
+    preprocess(corpus, out, 32, "char", 0.1, log=lambda *_: None)
+    return out
+
+
+def ms_llm(*args, cwd=None, timeout=600, env=None):
+    """Run the installed CLI the way a user does; returns the CompletedProcess."""
+    full_env = dict(os.environ, GLOG_v="3", **(env or {}))
+    return subprocess.run([sys.executable, "-m", "ms_llm.cli", *args], cwd=cwd or ROOT, capture_output=True,
+                          text=True, timeout=timeout, env=full_env)
+
+
+def tiny_train_args(dataset, run_dir, *extra):
+    """A tiny GPT on the small dataset: compiles in seconds, trains in a few more."""
+    return ["train", "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"), "--run-dir", str(run_dir),
+            "--set", f"data.dataset_dir={dataset}", "--set", "data.source=null",
+            "--set", "model.num_layers=2", "--set", "model.hidden_size=32", "--set", "model.num_heads=2",
+            "--set", "model.seq_length=32", "--set", "train.global_batch_size=8", "--set", "train.micro_batch_size=8",
+            "--set", "train.max_steps=30", "--set", "train.warmup_steps=5", "--set", "train.log_interval=10",
+            "--set", "train.eval_interval=20", "--set", "train.eval_steps=4", "--set", "checkpoint.save_interval=0",
+            *extra]

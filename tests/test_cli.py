@@ -1,0 +1,87 @@
+"""End to end through the CLI, the way users run it: outputs on disk, and clear refusals for bad input."""
+import json
+import os
+
+import yaml
+
+from conftest import ROOT, ms_llm, tiny_train_args
+
+
+def assert_clean_refusal(proc, *words):
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for w in words:
+        assert w in proc.stderr, proc.stderr
+
+
+def test_train_writes_a_complete_run_directory_and_samples(dataset, tmp_path):
+    run = tmp_path / "run"
+    proc = ms_llm(*tiny_train_args(dataset, run, "--set", "train.max_steps=40", "--set", "train.eval_interval=20"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cfg = yaml.safe_load((run / "config.yaml").read_text())
+    assert cfg["train"]["max_steps"] == 40 and cfg["train"]["eval_interval"] == 20  # --set is reflected
+    assert cfg["model"]["vocab_size"] is not None  # resolved from the dataset
+    info = json.loads((run / "run_info.json").read_text())
+    assert info["versions"]["mindspore"] and info["device"]["target"] == "CPU" and "final" in info
+    records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if "loss" in r]
+    evals = [r for r in records if "val_loss" in r]
+    assert [r["step"] for r in train] == [10, 20, 30, 40] and [r["step"] for r in evals] == [20, 40]
+    for key in ("lr", "grad_norm", "loss_scale", "skipped", "tokens_per_s", "mfu", "mem_gib", "data_wait_frac"):
+        assert key in train[-1]
+    assert train[-1]["loss"] < train[0]["loss"] and evals[1]["val_loss"] < evals[0]["val_loss"]
+    assert "compile_s" in train[0]
+    assert "step 40/40 | loss" in proc.stdout
+    assert any(f.startswith("events.out.events.summary") for f in os.listdir(run / "summary"))
+    assert (run / "checkpoints" / "rank_0" / "step_00000040.ckpt").is_file()
+    assert (run / "checkpoints" / "rank_0" / "latest").read_text() == "step_00000040"
+
+    out = ms_llm("sample", "--run-dir", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "40")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.startswith("ROMEO:") and len(out.stdout.split("\n-----")[0]) >= 40
+
+    # the same run directory again: refused, and the finished run is untouched
+    before = (run / "metrics.jsonl").read_text()
+    again = ms_llm(*tiny_train_args(dataset, run))
+    assert_clean_refusal(again, "already exists", "--resume")
+    assert (run / "metrics.jsonl").read_text() == before
+
+
+def test_bad_config_inputs_exit_2_without_traceback(dataset, tmp_path):
+    assert_clean_refusal(ms_llm("train", "--config", str(tmp_path / "nope.yaml")), "does not exist")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  num_layers: 4\n   hidden_size: 3\n")
+    assert_clean_refusal(ms_llm("train", "--config", str(bad)), "not valid YAML")
+    assert_clean_refusal(ms_llm(*tiny_train_args(dataset, tmp_path / "r1", "--set", "train.lerning_rate=1")),
+                         "unknown key 'lerning_rate'", "section 'train'")
+    assert_clean_refusal(ms_llm(*tiny_train_args(dataset, tmp_path / "r2", "--set", "model.num_layers=two")),
+                         "model.num_layers", "expected int")
+    assert_clean_refusal(ms_llm("train", "--config"), "expected one argument")
+    assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
+
+
+def test_data_mismatch_and_missing_data_exit_2(dataset, tmp_path):
+    assert_clean_refusal(ms_llm(*tiny_train_args(dataset, tmp_path / "r1", "--set", "model.seq_length=64")),
+                         "model.seq_length = 64 is larger")
+    assert_clean_refusal(ms_llm(*tiny_train_args(dataset, tmp_path / "r2", "--set", "model.vocab_size=10")),
+                         "model.vocab_size = 10 is smaller")
+    assert_clean_refusal(ms_llm(*tiny_train_args(str(tmp_path / "no_data"), tmp_path / "r3")),
+                         "manifest.json missing", "ms-llm preprocess")
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    assert_clean_refusal(ms_llm(*tiny_train_args(str(tmp_path / "new_data"), tmp_path / "r4",
+                                                 "--set", f"data.source={empty}")), "holds no text")
+    for r in ("r1", "r2", "r3", "r4"):
+        assert not (tmp_path / r).exists()
+
+
+def test_preprocess_command(corpus, tmp_path):
+    out = tmp_path / "ds"
+    proc = ms_llm("preprocess", "--input", corpus, "--output-dir", str(out), "--seq-length", "16",
+                  "--tokenizer", "byte")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["tokenizer"]["kind"] == "byte" and manifest["seq_length"] == 16
+    assert_clean_refusal(ms_llm("preprocess", "--input", corpus, "--output-dir", str(out), "--seq-length", "16"),
+                         "already holds a dataset", "--overwrite")
+    assert_clean_refusal(ms_llm("preprocess", "--input", corpus), "--output-dir", "--seq-length")

@@ -1,0 +1,99 @@
+import pytest
+
+from ms_llm.config import load_config, resolve_runtime, check_against_dataset
+from ms_llm.errors import UserError
+
+
+def write(tmp_path, text):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_defaults_and_typed_overrides(tmp_path):
+    cfg = load_config(write(tmp_path, "model:\n  num_layers: 4\ntrain:\n  lr: 1e-3\n"),
+                      ["model.num_layers=6", "train.lr=3e-4", "model.bias=true", "recompute_config.recompute=[1, 2]",
+                       "model.vocab_size=null"])
+    assert cfg.model.num_layers == 6 and isinstance(cfg.model.num_layers, int)
+    assert cfg.train.lr == pytest.approx(3e-4) and isinstance(cfg.train.lr, float)
+    assert cfg.model.bias is True
+    assert cfg.recompute_config.recompute == [1, 2]
+    assert cfg.model.vocab_size is None
+    # derived values are filled in so config.yaml shows what ran
+    assert cfg.model.num_kv_heads == cfg.model.num_heads
+    assert cfg.model.ffn_hidden_size == 4 * cfg.model.hidden_size
+
+
+def test_yaml_1e_minus_3_string_is_read_as_float(tmp_path):
+    # PyYAML reads '1e-3' (no dot) as a string; users write it that way all the time
+    assert load_config(write(tmp_path, "train:\n  lr: 1e-3\n")).train.lr == pytest.approx(1e-3)
+
+
+def test_preset_then_explicit_keys(tmp_path):
+    cfg = load_config(None, ["model.preset=llama2-7b", "model.num_layers=2"])
+    assert cfg.model.hidden_size == 4096 and cfg.model.num_layers == 2 and cfg.model.ffn_hidden_size == 11008
+
+
+@pytest.mark.parametrize("override, words", [
+    ("model.hiden_size=3", ["unknown key 'hiden_size'", "section 'model'", "did you mean 'hidden_size'"]),
+    ("trian.lr=1", ["unknown config section 'trian'", "did you mean 'train'"]),
+    ("model.num_layers=four", ["model.num_layers", "'four'", "expected int"]),
+    ("train.lr=fast", ["train.lr", "'fast'", "expected float"]),
+    ("model.bias=maybe", ["model.bias", "expected bool"]),
+    ("precision.compute_dtype=fp16", ["precision.compute_dtype", "did you mean 'float16'"]),
+    ("model.num_heads=5", ["hidden_size = 128", "num_heads = 5", "divisible"]),
+    ("train.micro_batch_size=5", ["global_batch_size = 12", "micro_batch_size = 5"]),
+    ("model.dropout=1.5", ["model.dropout = 1.5"]),
+    ("train.max_steps=0", ["train.max_steps = 0", "positive"]),
+])
+def test_validation_messages_name_field_value_and_fix(override, words):
+    with pytest.raises(UserError) as e:
+        load_config(None, [override])
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_global_batch_must_divide_by_micro_times_data_parallel():
+    cfg = load_config(None, ["train.global_batch_size=12", "train.micro_batch_size=4"])
+    assert resolve_runtime(cfg, 1, "CPU") == 3  # accumulation steps derived, not configured
+    cfg = load_config(None, ["train.global_batch_size=12", "train.micro_batch_size=4"])
+    with pytest.raises(UserError, match="micro_batch_size × data_parallel = 4 × 2 = 8"):
+        resolve_runtime(cfg, 2, "CPU")
+    cfg = load_config(None, ["train.global_batch_size=16", "train.micro_batch_size=4"])
+    assert resolve_runtime(cfg, 2, "CPU") == 2 and cfg.parallel_config.data_parallel == 2
+
+
+def test_data_parallel_must_match_world_size():
+    cfg = load_config(None, ["parallel_config.data_parallel=4"])
+    with pytest.raises(UserError, match="2 rank"):
+        resolve_runtime(cfg, 2, "CPU")
+
+
+def test_model_parallel_refused_on_cpu_with_one_clear_message():
+    cfg = load_config(None, ["parallel_config.model_parallel=2"])
+    with pytest.raises(UserError, match="needs Ascend"):
+        resolve_runtime(cfg, 2, "CPU")
+
+
+def test_config_must_fit_the_dataset():
+    manifest = {"seq_length": 64, "vocab_size": 66, "max_token_id": 65}
+    cfg = load_config(None, ["model.seq_length=128"])
+    with pytest.raises(UserError, match="seq_length = 128 is larger"):
+        check_against_dataset(cfg, manifest, "d")
+    cfg = load_config(None, ["model.vocab_size=50"])
+    with pytest.raises(UserError, match="vocab_size = 50 is smaller"):
+        check_against_dataset(cfg, manifest, "d")
+    cfg = load_config(None, [])
+    check_against_dataset(cfg, manifest, "d")
+    assert cfg.model.vocab_size == 66
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_config(str(tmp_path / "missing.yaml"))
+    with pytest.raises(UserError, match="not valid YAML at line 2"):
+        load_config(write(tmp_path, "model:\n  num_layers: [1,\n"))
+    with pytest.raises(UserError, match="must hold a mapping"):
+        load_config(write(tmp_path, "- 1\n- 2\n"))
+    with pytest.raises(UserError, match="section 'model' must be a mapping"):
+        load_config(write(tmp_path, "model: 3\n"))

@@ -1,0 +1,144 @@
+"""The compiled training step: loss scaling, accumulation, clipping, AdamW, LR schedule."""
+import math
+
+import numpy as np
+import pytest
+import mindspore as ms
+
+from ms_llm.config import load_config
+from ms_llm.train.lr_schedule import lr_at, lr_table
+from ms_llm.train.optimizer import AdamW
+from ms_llm.train.step import TrainStep
+from model_zoo import build_model
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+VOCAB = 40
+
+
+def make_step(*overrides, accum=1, seed=0):
+    cfg = load_config(None, ["model.preset=tiny-gpt2", f"model.vocab_size={VOCAB}", "model.seq_length=16",
+                             "train.max_steps=100", "train.warmup_steps=0", "train.lr=1e-2", *overrides])
+    ms.set_seed(seed)
+    model = build_model(cfg.model, cfg.precision.compute_dtype)
+    t = cfg.train
+    opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
+    step = TrainStep(model, opt, cfg.precision, t.clip_grad, accum, 1, t.max_steps, lr_table(t))
+    model.set_train(True)
+    return model, step
+
+
+def batch(n, seed=0, seq=16):
+    return np.random.default_rng(seed).integers(0, VOCAB, (n, seq + 1)).astype(np.int32)
+
+
+def params(model):
+    return {n: p.asnumpy().copy() for n, p in model.parameters_and_names()}
+
+
+def test_injected_overflow_skips_update_and_halves_scale():
+    model, step = make_step("precision.loss_scale=dynamic")
+    before = params(model)
+    step.state.loss_scale.set_data(ms.Tensor(3e38, ms.float32))  # scaled gradients overflow to inf
+    loss, norm, overflow, scale = step(ms.Tensor(batch(4)))
+    assert bool(overflow.asnumpy()) and float(scale.asnumpy()) == pytest.approx(1.5e38)
+    after = params(model)
+    assert all(np.array_equal(before[k], after[k]) for k in before)  # update skipped
+    assert int(step.optimizer.step.asnumpy()) == 0  # Adam's bias-correction clock did not move
+    step.state.loss_scale.set_data(ms.Tensor(1024.0, ms.float32))
+    _, _, overflow, scale = step(ms.Tensor(batch(4)))
+    assert not bool(overflow.asnumpy()) and float(scale.asnumpy()) == 1024.0
+    assert any(not np.array_equal(before[k], v) for k, v in params(model).items())
+
+
+def test_dynamic_scale_grows_after_window_of_clean_steps():
+    _, step = make_step("precision.loss_scale=dynamic", "precision.init_scale=8", "precision.scale_window=3")
+    scales = [float(step(ms.Tensor(batch(4, s)))[3].asnumpy()) for s in range(7)]
+    assert scales == [8, 8, 16, 16, 16, 32, 32]
+
+
+def test_static_and_no_scaling_keep_the_scale():
+    for mode, init in (("static", 128.0), ("none", 1.0)):
+        _, step = make_step(f"precision.loss_scale={mode}", "precision.init_scale=128")
+        assert [float(step(ms.Tensor(batch(4, s)))[3].asnumpy()) for s in range(3)] == [init] * 3
+
+
+def test_loss_scale_does_not_change_the_update():
+    m1, s1 = make_step("precision.loss_scale=none")
+    m2, s2 = make_step("precision.loss_scale=static", "precision.init_scale=1024")
+    for s in range(3):
+        s1(ms.Tensor(batch(4, s)))
+        s2(ms.Tensor(batch(4, s)))
+    p1, p2 = params(m1), params(m2)
+    for k in p1:
+        np.testing.assert_allclose(p1[k], p2[k], rtol=1e-4, atol=1e-6)
+
+
+def test_accumulation_2x6_equals_1x12():
+    m1, s1 = make_step("train.global_batch_size=12", "train.micro_batch_size=12")
+    m2, s2 = make_step("train.global_batch_size=12", "train.micro_batch_size=6", accum=2)
+    for s in range(3):
+        b = batch(12, s)
+        l1, n1, _, _ = s1(ms.Tensor(b))
+        s2.accumulate(ms.Tensor(b[:6]))
+        l2, n2, _, _ = s2(ms.Tensor(b[6:]))
+        assert float(l1.asnumpy()) == pytest.approx(float(l2.asnumpy()), rel=1e-5)
+        assert float(n1.asnumpy()) == pytest.approx(float(n2.asnumpy()), rel=1e-4)
+    p1, p2 = params(m1), params(m2)
+    for k in p1:
+        np.testing.assert_allclose(p1[k], p2[k], rtol=1e-4, atol=1e-6)
+
+
+def test_clipping_applies_to_the_accumulated_gradient():
+    b = ms.Tensor(batch(8))
+    _, s = make_step("train.clip_grad=0.01", "train.global_batch_size=8", "train.micro_batch_size=4", accum=2)
+    s.accumulate(b[:4])
+    _, norm, _, _ = s(b[4:])
+    assert float(norm.asnumpy()) > 0.1  # the reported norm is the one before clipping
+    # Adam's first moment after one step is (1 - beta1) * the gradient it was given: its norm shows the clip
+    m_norm = math.sqrt(sum(float((m.asnumpy().astype(np.float64) ** 2).sum()) for m in s.optimizer.exp_avg))
+    assert m_norm / (1 - 0.9) == pytest.approx(0.01, rel=1e-3)
+
+
+def test_weight_decay_only_on_matrices():
+    m, s = make_step("train.weight_decay=0.5", "train.lr=0.1")
+    opt = s.optimizer
+    flags = dict(zip([p.name for p in opt.params], opt.decay_flags))
+    assert flags["embedding"] and flags["layers.0.attention.qkv.weight"]
+    assert not flags["layers.0.attention.qkv.bias"] and not flags["layers.0.attn_norm.weight"]
+
+
+def test_adamw_matches_reference_formula():
+    """Two steps of our AdamW (fused kernel with folded bias correction) against PyTorch's AdamW maths."""
+    w0 = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    p = ms.Parameter(ms.Tensor(w0), name="w")
+    opt = AdamW([p], beta1=0.9, beta2=0.99, eps=1e-8, weight_decay=0.1)
+    w, m, v = w0.astype(np.float64), 0.0, 0.0
+    for t, lr in ((1, 1e-2), (2, 5e-3)):
+        g = np.random.default_rng(t).normal(size=(3, 4)).astype(np.float32)
+        opt((ms.Tensor(g),), ms.Tensor(lr, ms.float32))
+        m = 0.9 * m + 0.1 * g
+        v = 0.99 * v + 0.01 * g * g
+        w = w * (1 - lr * 0.1) - lr * (m / (1 - 0.9 ** t)) / (np.sqrt(v / (1 - 0.99 ** t)) + 1e-8)
+    np.testing.assert_allclose(p.asnumpy(), w, rtol=1e-5, atol=1e-6)
+
+
+def test_lr_schedule_warmup_cosine_linear_constant():
+    t = load_config(None, ["train.max_steps=1000", "train.warmup_steps=100", "train.lr=1e-3",
+                           "train.min_lr=1e-4"]).train
+    assert lr_at(0, t) == pytest.approx(1e-5) and lr_at(99, t) == pytest.approx(1e-3)
+    assert lr_at(550, t) == pytest.approx(1e-4 + 0.5 * 0.9e-3)
+    assert lr_at(999, t) == pytest.approx(1e-4, rel=1e-3)
+    t.lr_schedule = "linear"
+    assert lr_at(550, t) == pytest.approx(1e-4 + 0.5 * 0.9e-3)
+    assert lr_at(325, t) == pytest.approx(1e-4 + 0.75 * 0.9e-3)
+    t.lr_schedule = "constant"
+    assert lr_at(700, t) == 1e-3
+    assert np.allclose(lr_table(t)[:3], [lr_at(i, t) for i in range(3)])
+
+
+def test_tiny_model_overfits_one_batch():
+    _, s = make_step("train.lr=3e-3", "train.weight_decay=0")
+    b = ms.Tensor(batch(8))
+    losses = [float(s(b)[0].asnumpy()) for _ in range(150)]
+    assert losses[0] == pytest.approx(math.log(VOCAB), rel=0.05)
+    assert losses[-1] < 0.2 * losses[0]
