@@ -25,6 +25,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+GELU = os.environ.get("REF_GELU", "tanh")  # "none" = exact erf GELU, as nanoGPT
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -43,7 +44,7 @@ class Block(nn.Module):
         q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.down(F.gelu(self.up(self.ln2(x)), approximate="tanh"))
+        return x + self.down(F.gelu(self.up(self.ln2(x)), approximate=GELU))
 
 
 class GPT(nn.Module):

@@ -91,8 +91,8 @@ def test_config_must_fit_the_dataset():
 def test_bad_files(tmp_path):
     with pytest.raises(UserError, match="does not exist"):
         load_config(str(tmp_path / "missing.yaml"))
-    with pytest.raises(UserError, match="not valid YAML at line 2"):
-        load_config(write(tmp_path, "model:\n  num_layers: [1,\n"))
+    with pytest.raises(UserError, match="not valid YAML at line 3"):
+        load_config(write(tmp_path, "model:\n  num_layers: 4\n   hidden_size: 3\n"))
     with pytest.raises(UserError, match="must hold a mapping"):
         load_config(write(tmp_path, "- 1\n- 2\n"))
     with pytest.raises(UserError, match="section 'model' must be a mapping"):

@@ -35,7 +35,7 @@ def test_two_rank_msrun_matches_single_process(dataset, tmp_path):
     multi, logs = tmp_path / "multi", tmp_path / "logs"
     args = tiny_train_args(dataset, multi, "--set", "train.micro_batch_size=4", *steps)[1:]
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}", "--join=True",
-           f"--log_dir={logs}", os.path.join(ROOT, "train.py"), *args]
+           "--cluster_time_out=120", f"--log_dir={logs}", os.path.join(ROOT, "train.py"), *args]
     env = dict(os.environ, GLOG_v="3", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     worker_logs = {r: (logs / f"worker_{r}.log").read_text() for r in range(2)}

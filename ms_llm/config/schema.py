@@ -69,7 +69,7 @@ class TrainConfig:
     seed: int = opt(1337, "seeds init, data order and dropout")
     log_interval: int = opt(10, "steps between log lines")
     eval_interval: int = opt(250, "steps between validation passes (0: only at the end)")
-    eval_steps: int = opt(200, "validation batches per pass (capped at the size of the split)")
+    eval_steps: int = opt(200, "validation batches of global_batch_size samples per pass (capped at the split size)")
 
 
 @dataclass

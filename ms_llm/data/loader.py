@@ -113,16 +113,19 @@ class TrainBatches:
         return out
 
 
-def eval_batches(dataset_dir, manifest, micro_batch, num_batches, dp=1, rank=0, seq_length=None, num_workers=1):
-    """The first `num_batches` global validation batches (sequential, no shuffle), this rank's slice.
+def eval_batches(dataset_dir, manifest, micro_batch, num_batches, dp=1, rank=0, seq_length=None, num_workers=1,
+                 accum=1):
+    """This rank's micro-batches of the first `num_batches` global validation batches (sequential, no shuffle).
 
-    Capped at the size of the split; returns a list so every evaluation sees the same batches.
+    A global batch is micro_batch * accum * dp samples, so the validation set is the same whatever the
+    number of ranks. Capped at the size of the split; returned as a list so every evaluation sees the
+    same batches.
     """
     n = manifest["splits"]["val"]["samples"]
-    num_batches = min(num_batches, n // (micro_batch * dp))
+    num_batches = min(num_batches, n // (micro_batch * accum * dp))
     if num_batches == 0:
         return []
     it = TrainBatches(dataset_dir, manifest, "val", micro_batch, dp, rank, seq_length=seq_length,
                       shuffle=False, num_workers=num_workers)
-    it.chunk = num_batches * micro_batch
-    return [next(it) for _ in range(num_batches)]
+    it.chunk = num_batches * accum * micro_batch
+    return [next(it) for _ in range(num_batches * accum)]

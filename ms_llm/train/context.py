@@ -21,7 +21,8 @@ class Runtime:
 
 
 def launched_distributed():
-    return any(v in os.environ for v in LAUNCHER_VARS) and os.environ.get("MS_ROLE", "MS_WORKER") == "MS_WORKER"
+    """True in every process msrun starts, the scheduler included: its init() runs the rendezvous service."""
+    return any(v in os.environ for v in LAUNCHER_VARS)
 
 
 def setup_context(ctx_cfg):
@@ -50,6 +51,8 @@ def setup_context(ctx_cfg):
         from mindspore.communication import get_group_size, get_local_rank, get_rank, init
 
         init()
+        if os.environ.get("MS_ROLE") == "MS_SCHED":  # the scheduler's work ends with the workers'
+            raise SystemExit(0)
         rt.rank, rt.world_size = get_rank(), get_group_size()
         try:
             rt.local_rank = get_local_rank()
@@ -58,16 +61,26 @@ def setup_context(ctx_cfg):
     return rt
 
 
-def all_ranks_min(rt, value):
-    """The minimum of an integer over all ranks (a barrier too); `value` itself on one rank."""
+def all_ranks_sum(rt, value):
+    """Sum of a small integer (|x| < 2^24) over all ranks, which doubles as a barrier.
+
+    Float32 SUM because the CPU AllReduce kernel supports nothing else."""
     if rt.world_size == 1:
         return value
     import mindspore as ms
     from mindspore import ops
 
-    out = ops.AllReduce(ops.ReduceOp.MIN)(ms.Tensor(np.array([value], np.int32)))
-    return int(out.asnumpy()[0])
+    out = ops.AllReduce()(ms.Tensor(np.array([value], np.float32)))
+    return int(round(float(out.asnumpy()[0])))
 
 
-def barrier(rt):
-    all_ranks_min(rt, 0)
+def all_ranks_ok(rt, ok):
+    return all_ranks_sum(rt, 1 if ok else 0) == rt.world_size
+
+
+def rank0_int(rt, value):
+    """Rank 0's value of a non-negative integer below 2^48, on every rank (sent as exact float32 halves)."""
+    if rt.world_size == 1:
+        return value
+    hi, lo = divmod(value, 1 << 24) if rt.rank == 0 else (0, 0)
+    return all_ranks_sum(rt, hi) * (1 << 24) + all_ranks_sum(rt, lo)

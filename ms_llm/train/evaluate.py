@@ -7,7 +7,7 @@ from ms_llm.train.step import cross_entropy
 
 class EvalStep(nn.Cell):
     def __init__(self, model):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         self.model = model
 
     def construct(self, ids):

@@ -20,7 +20,7 @@ def decays(param):
 
 class AdamW(nn.Cell):
     def __init__(self, params, beta1=0.9, beta2=0.999, eps=1e-8, weight_decay=0.0):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         self.params = ms.ParameterTuple(params)
         self.exp_avg = self.params.clone(prefix="adam_m", init="zeros")
         self.exp_avg_sq = self.params.clone(prefix="adam_v", init="zeros")

@@ -28,7 +28,7 @@ class LossFn(nn.Cell):
     """ids (B, T+1) → (loss * scale / accum, loss): the first output is differentiated, the second logged."""
 
     def __init__(self, model, accum):
-        super().__init__()
+        super().__init__(auto_prefix=False)  # keep parameter names as the model has them ("layers.0...")
         self.model = model
         self.accum = accum
 
@@ -42,7 +42,7 @@ class StepState(nn.Cell):
     """Everything the step owns besides the model and optimizer: loss scale, counters, grad buffers."""
 
     def __init__(self, params, precision, accum, max_steps, lr_table):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         init_scale = precision.init_scale if precision.loss_scale != "none" else 1.0
         self.loss_scale = Parameter(initializer(init_scale, (), ms.float32), name="loss_scale")
         self.good_steps = Parameter(initializer(0, (), ms.int32), name="good_steps")
@@ -56,7 +56,7 @@ class AccumulateStep(nn.Cell):
     """A micro-batch that is not the last of its step: add its gradients to the buffers."""
 
     def __init__(self, grad_fn, state):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         self.grad_fn, self.state = grad_fn, state
         self.hyper_map = ops.HyperMap()
 
@@ -71,7 +71,7 @@ class TrainStep(nn.Cell):
     """The last micro-batch of a step plus the update. Returns (loss, grad_norm, overflow, loss_scale)."""
 
     def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, max_steps=1, lr_table=None):
-        super().__init__()
+        super().__init__(auto_prefix=False)
         self.optimizer = optimizer
         self.weights = optimizer.params
         self.grad_fn = ms.value_and_grad(LossFn(model, accum), None, self.weights, has_aux=True)

@@ -14,7 +14,7 @@ from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import flops_per_token, memory_gib, peak_memory_gib, peak_tflops
 from ms_llm.train import run_dir as rd
-from ms_llm.train.context import all_ranks_min, setup_context
+from ms_llm.train.context import all_ranks_ok, rank0_int, setup_context
 from ms_llm.train.evaluate import EvalStep, evaluate
 
 
@@ -61,7 +61,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print):
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", t.micro_batch_size, dp, rt.rank, t.seed,
                         m.seq_length, num_workers=cfg.data.num_workers)
     val = eval_batches(cfg.data.dataset_dir, manifest, t.micro_batch_size, t.eval_steps, dp, rt.rank, m.seq_length,
-                       cfg.data.num_workers)
+                       cfg.data.num_workers, accum)
     tokens_per_step = t.global_batch_size * m.seq_length
     flops_tok = flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length)
     peak = peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12
@@ -207,7 +207,7 @@ def agree(rt, action):
         action()
     except UserError as e:
         error = e
-    if all_ranks_min(rt, 0 if error else 1) == 0:
+    if not all_ranks_ok(rt, error is None):
         raise error or UserError("another rank refused to start; its message is in its log (msrun --log_dir).")
 
 
@@ -215,7 +215,7 @@ def default_run_dir_all_ranks(rt, config_path):
     """runs/<config>-<time>, the same on every rank (rank clocks can straddle a second)."""
     import datetime
 
-    stamp = -all_ranks_min(rt, -int(time.time()))
+    stamp = rank0_int(rt, int(time.time()))
     stem = os.path.splitext(os.path.basename(config_path))[0] if config_path else "run"
     return os.path.join("runs", f"{stem}-{datetime.datetime.fromtimestamp(stamp):%Y%m%d-%H%M%S}")
 
