@@ -67,6 +67,16 @@ def cmd_sample(args):
         print("-" * 40)
 
 
+def cmd_benchmark(args):
+    from ms_llm.config import load_config
+    from ms_llm.train.benchmark import main as benchmark
+
+    if args.steps <= 0 or args.warmup < 0:
+        raise UserError(f"--steps = {args.steps} must be positive and --warmup = {args.warmup} non-negative.")
+    overrides = ["monitor.summary=false", "monitor.progress_bar=false"] + args.overrides
+    benchmark(load_config(args.config, overrides), args.steps, args.warmup, args.json)
+
+
 def build_parser():
     parser = ArgumentParser(prog="ms-llm", description="Train, debug and tune LLMs with MindSpore.")
     sub = parser.add_subparsers(dest="command", metavar="command", parser_class=ArgumentParser)
@@ -87,6 +97,14 @@ def build_parser():
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --output-dir")
     p.set_defaults(func=cmd_preprocess)
+
+    p = sub.add_parser("benchmark", help="tokens/s, ms/step, compile time, MFU, memory, data wait of the real step")
+    p.add_argument("--config", required=True)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--steps", type=int, default=50, help="timed steps (default 50)")
+    p.add_argument("--warmup", type=int, default=5, help="untimed steps after compilation (default 5)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.set_defaults(func=cmd_benchmark)
 
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--run-dir", required=True)

@@ -4,7 +4,7 @@ import os
 
 import yaml
 
-from conftest import ROOT, ms_llm, tiny_train_args
+from conftest import ms_llm, tiny_train_args
 
 
 def assert_clean_refusal(proc, *words):

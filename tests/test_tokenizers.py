@@ -30,7 +30,7 @@ def test_unknown_tokenizer_name():
 
 
 def test_hf_tokenizer_json_round_trip(tmp_path):
-    tokenizers = pytest.importorskip("tokenizers")
+    pytest.importorskip("tokenizers")
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     t = Tokenizer(models.BPE(unk_token="<unk>"))

@@ -123,6 +123,8 @@ class ContextConfig:
     jit_level: Optional[str] = opt(None, "MindSpore jit_level", choices=("O0", "O1", "O2"))
     max_device_memory: Optional[str] = opt(None, "e.g. '58GB' on Ascend")
     num_threads: Optional[int] = opt(None, "CPU kernel threads (null: MindSpore default)")
+    cpu_kernels: bool = opt(True, "on CPU, fused C++ kernels for GELU, LayerNorm and the gradient norm "
+                                  "(compiled with g++ at first use; plain MindSpore ops if that fails)")
 
 
 @dataclass

@@ -2,7 +2,7 @@
 import mindspore as ms
 from mindspore import nn
 
-from ms_llm.nn.activations import gelu_tanh, silu
+from ms_llm.nn.activations import GeluTanh, silu
 from ms_llm.nn.linear import Linear
 
 
@@ -11,10 +11,11 @@ class GeluMLP(nn.Cell):
         super().__init__()
         self.up = Linear(hidden, ffn, bias, init_std, compute_dtype)
         self.down = Linear(ffn, hidden, bias, out_std, compute_dtype)
+        self.act = GeluTanh(compute_dtype)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
     def construct(self, x):
-        return self.dropout(self.down(gelu_tanh(self.up(x))))
+        return self.dropout(self.down(self.act(self.up(x))))
 
 
 class SwiGLU(nn.Cell):

@@ -4,9 +4,9 @@ One optimizer step over `accum` micro-batches on each of `dp` ranks:
 
     for each micro-batch:  loss = CE(model(ids[:, :-1]), ids[:, 1:]) in float32
                            grads += d(loss / accum * scale) / dW          (value_and_grad)
-    grads /= scale; all-reduce-mean over data-parallel ranks
-    finite = all_finite(grads)                       (an IsFinite reduction: works on CPU and Ascend)
-    grad_norm = ||grads||; clip to train.clip_grad  (after accumulation)
+    all-reduce over data-parallel ranks; grad_norm = ||grads|| / (scale * dp)
+    finite = isfinite(grad_norm)                     (inf/NaN in any gradient makes the norm non-finite)
+    grads *= min(1, clip / grad_norm) / (scale * dp)  (unscale, average and clip after accumulation)
     if finite: AdamW(grads, lr_table[step])          (else the update is skipped)
     dynamic scale: x factor after scale_window finite steps, / factor on overflow
 
@@ -17,11 +17,24 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import initializer
 
+from ms_llm.nn import cpu_kernels
+
 
 def cross_entropy(logits, targets):
     """Mean token cross-entropy in float32."""
     vocab = logits.shape[-1]
     return ops.cross_entropy(logits.reshape(-1, vocab).astype(ms.float32), targets.reshape(-1))
+
+
+def sum_of_squares(x, fused_op=None):
+    """Sum of x^2 over all elements: one fused kernel with cpu_kernels, else square + two reductions.
+    Reducing the last axis first is ~4x faster on CPU than one all-axes ReduceSum (not vectorised)."""
+    if fused_op is not None:
+        return fused_op(x)[0]
+    sq = ops.square(x)
+    if sq.ndim > 1:
+        sq = sq.sum(-1)
+    return sq.sum()
 
 
 class LossFn(nn.Cell):
@@ -83,6 +96,7 @@ class TrainStep(nn.Cell):
         self.last_step = len(lr_table) - 1
         self.hyper_map = ops.HyperMap()
         self.all_reduce = ops.AllReduce() if dp > 1 else None
+        self.sum_squares = cpu_kernels.op("sum_squares") if cpu_kernels.active() else None
 
     def construct(self, ids):
         st = self.state
@@ -93,16 +107,20 @@ class TrainStep(nn.Cell):
             loss = (loss + st.accum_loss) / self.accum
             self.hyper_map(ops.assign, st.grad_buffers, self.hyper_map(ops.zeros_like, st.grad_buffers))
             ops.assign(st.accum_loss, ops.zeros((), ms.float32))
-        inv_scale = 1.0 / scale
-        grads = self.hyper_map(ops.partial(ops.mul, inv_scale), grads)
         if self.dp > 1:
-            grads = self.hyper_map(ops.partial(ops.mul, 1.0 / self.dp), self.hyper_map(self.all_reduce, grads))
+            grads = self.hyper_map(self.all_reduce, grads)
             loss = self.all_reduce(loss) / self.dp
-        finite = ms.amp.all_finite(grads)
-        grad_norm = ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g)) for g in grads]))
+        # Gradients are still multiplied by scale * dp here. One norm serves three purposes: it is finite
+        # exactly when every gradient is (an inf or NaN anywhere makes the sum of squares inf or NaN), it is
+        # the reported grad norm once divided by scale * dp, and it sets the clip factor. Unscaling and
+        # clipping are then one multiply per gradient instead of 2 + an IsFinite/ReduceAll pair.
+        inv = 1.0 / (scale * self.dp)
+        grad_norm = ops.sqrt(ops.addn([sum_of_squares(g, self.sum_squares) for g in grads])) * inv
+        finite = ops.isfinite(grad_norm)
+        factor = inv
         if self.clip > 0:
-            factor = ops.minimum(self.clip / (grad_norm + 1e-6), 1.0)
-            grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
+            factor = inv * ops.minimum(self.clip / (grad_norm + 1e-6), 1.0)
+        grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
         lr = st.lr_table[ops.minimum(st.global_step, self.last_step)]
         if finite:
             self.optimizer(grads, lr)

@@ -7,64 +7,38 @@ import time
 
 import numpy as np
 
-from ms_llm.config import check_against_dataset, resolve_runtime, save_config
-from ms_llm.data.loader import TrainBatches, eval_batches
-from ms_llm.data.manifest import has_manifest, load_manifest
+from ms_llm.config import save_config
 from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
-from ms_llm.monitor.throughput import flops_per_token, memory_gib, peak_memory_gib, peak_tflops
+from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
 from ms_llm.train import run_dir as rd
-from ms_llm.train.context import all_ranks_ok, rank0_int, setup_context
-from ms_llm.train.evaluate import EvalStep, evaluate
+from ms_llm.train.context import rank0_int
+from ms_llm.train.evaluate import evaluate
+from ms_llm.train.session import agree, open_session
 
 
 def run(cfg, run_dir=None, resume=False, config_path=None, echo=print):
     """Train as `cfg` says. Returns a summary dict (final val loss, steps, timings) on every rank."""
-    rt = setup_context(cfg.context)
-    log = echo if rt.is_main else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
-    accum = resolve_runtime(cfg, rt.world_size, rt.device_target)
-    run_dir = run_dir or default_run_dir_all_ranks(rt, config_path)
-    agree(rt, lambda: rd.check_run_dir(run_dir, resume))
-    if resume:
-        raise UserError("--resume is not available yet in this version: checkpoints are written but cannot be "
-                        "resumed from. Start a new run with a new --run-dir.")
-    manifest = prepare_dataset(cfg, rt, log)
-    check_against_dataset(cfg, manifest, cfg.data.dataset_dir)
+    dirs = {}
+
+    def preflight(rt, log):
+        dirs["run"] = run_dir or default_run_dir_all_ranks(rt, config_path)
+        agree(rt, lambda: rd.check_run_dir(dirs["run"], resume))
+        if resume:
+            raise UserError("--resume is not available yet in this version: checkpoints are written but cannot be "
+                            "resumed from. Start a new run with a new --run-dir.")
+
+    s = open_session(cfg, echo, preflight)
+    rt, log, model, step_fn, data, val = s.rt, s.log, s.model, s.step_fn, s.data, s.val
+    run_dir, t, m = dirs["run"], cfg.train, cfg.model
     if rt.is_main:
         rd.create_run_dir(run_dir)
         save_config(cfg, os.path.join(run_dir, "config.yaml"))
         rd.write_json(os.path.join(run_dir, "run_info.json"), rd.run_info(rt, cfg, {"run_dir": os.path.abspath(run_dir)}))
-
-    import mindspore as ms
-    from model_zoo import build_model, count_params
-    from ms_llm.train.lr_schedule import lr_at, lr_table
-    from ms_llm.train.optimizer import AdamW
-    from ms_llm.train.step import TrainStep
-
-    t, m = cfg.train, cfg.model
-    ms.set_seed(t.seed)
-    np.random.seed(t.seed)
-    model = build_model(m, cfg.precision.compute_dtype)
-    n_params = count_params(model)
-    optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, rt.world_size if rt.world_size > 1 else 1,
-                        t.max_steps, lr_table(t))
-    model.set_train(True)
-    eval_step = EvalStep(model)
-    dp = cfg.parallel_config.data_parallel
-    log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
-        f"seq {m.seq_length}, vocab {m.vocab_size}); compute dtype {cfg.precision.compute_dtype}")
-    log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × accumulation {accum} × data-parallel {dp}; "
-        f"{t.global_batch_size * m.seq_length:,} tokens/step; device {rt.device_target}, {rt.world_size} rank(s)")
     log(f"run directory: {run_dir}")
+    from ms_llm.train.lr_schedule import lr_at
 
-    data = TrainBatches(cfg.data.dataset_dir, manifest, "train", t.micro_batch_size, dp, rt.rank, t.seed,
-                        m.seq_length, num_workers=cfg.data.num_workers)
-    val = eval_batches(cfg.data.dataset_dir, manifest, t.micro_batch_size, t.eval_steps, dp, rt.rank, m.seq_length,
-                       cfg.data.num_workers, accum)
-    tokens_per_step = t.global_batch_size * m.seq_length
-    flops_tok = flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length)
-    peak = peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12
+    n_params, flops_tok, peak, tokens_per_step = s.n_params, s.flops_per_token, s.peak_flops, s.tokens_per_step
     writer = MetricsWriter(run_dir, rt.rank, t.max_steps, cfg.monitor.summary, echo=log)
     bar = progress_bar(t.max_steps, cfg.monitor.progress_bar and rt.is_main)
     if bar is not None and rt.is_main:
@@ -75,9 +49,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print):
     try:
         for step in range(t.max_steps):
             t0 = time.perf_counter()
-            for _ in range(accum - 1):
-                step_fn.accumulate(next(data))
-            pending.append(step_fn(next(data)))
+            pending.append(s.train_step())
             if compile_s is None:  # the first call compiles the graph: keep it out of the throughput figures
                 pending[-1][0].asnumpy()
                 compile_s = time.perf_counter() - t0
@@ -99,13 +71,13 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print):
                 pending, interval_start, paused, data.wait_s = [], time.perf_counter(), 0.0, 0.0
             t_pause = time.perf_counter()
             if t.eval_interval and done % t.eval_interval == 0 and done != t.max_steps:
-                val_loss = run_eval(model, eval_step, val, rt, done, m.seq_length, writer)
+                val_loss = run_eval(model, s.eval_step, val, rt, done, m.seq_length, writer)
             if cfg.checkpoint.save_interval and done % cfg.checkpoint.save_interval == 0 and done != t.max_steps:
                 save_checkpoint(run_dir, rt, model, step_fn, done, data, cfg)
             paused += time.perf_counter() - t_pause
             if bar is not None:
                 bar.update(1)
-        val_loss = run_eval(model, eval_step, val, rt, t.max_steps, m.seq_length, writer)
+        val_loss = run_eval(model, s.eval_step, val, rt, t.max_steps, m.seq_length, writer)
         path = save_checkpoint(run_dir, rt, model, step_fn, t.max_steps, data, cfg)
     finally:
         if bar is not None:
@@ -182,33 +154,6 @@ def save_checkpoint(run_dir, rt, model, step_fn, step, data, cfg):
         meta = {"consumed_samples": data.consumed, "epoch": data.epoch, "world_size": rt.world_size}
         store.save(directory, step, checkpoint_tensors(model, step_fn), meta, cfg.checkpoint.keep_last)
     return os.path.join(directory, f"step_{step:08d}.ckpt")
-
-
-def prepare_dataset(cfg, rt, log):
-    """Load the dataset manifest; preprocess `data.source` first (on rank 0) when the folder has none."""
-    d = cfg.data
-    if not has_manifest(d.dataset_dir):
-        if not d.source:
-            load_manifest(d.dataset_dir)  # raises the 'run ms-llm preprocess' message
-        if rt.is_main:
-            from ms_llm.data.preprocess import preprocess
-
-            log(f"no dataset in '{d.dataset_dir}': preprocessing '{d.source}' ({d.tokenizer} tokenizer, "
-                f"seq_length {cfg.model.seq_length})")
-        agree(rt, lambda: preprocess(d.source, d.dataset_dir, cfg.model.seq_length, d.tokenizer, d.val_fraction,
-                                     d.text_field, log=log) if rt.is_main else None)
-    return load_manifest(d.dataset_dir)
-
-
-def agree(rt, action):
-    """Run `action` and make every rank fail if any rank failed, so no rank waits forever on another."""
-    error = None
-    try:
-        action()
-    except UserError as e:
-        error = e
-    if not all_ranks_ok(rt, error is None):
-        raise error or UserError("another rank refused to start; its message is in its log (msrun --log_dir).")
 
 
 def default_run_dir_all_ranks(rt, config_path):

@@ -1,0 +1,126 @@
+"""Fused float32 CPU kernels (kernels.cc) behind `mindspore.ops.Custom(func_type="aot")`.
+
+They are an opt-in fast path for `device_target == "CPU"` only: the session turns them on with
+`configure(True)` before building the model (config `context.cpu_kernels`, default true). Everything
+that uses them keeps the plain MindSpore composition as its fallback, which is also what runs on
+Ascend/GPU, when g++ is missing, or when the build fails; `tests/test_cpu_kernels.py` checks both paths
+agree (forward and gradient).
+
+The shared library is compiled at first use into ~/.cache/ms_llm/kernels (or $MS_LLM_CACHE), keyed by
+the source, the flags, the compiler and the CPU's feature flags, so a cache shared between machines
+never runs AVX-512 code on a CPU without it.
+"""
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.cc")
+# -ffast-math only when compiling: linking with it would pull in crtfastmath.o, which switches the
+# whole process to flush-denormals-to-zero the moment the library is loaded.
+COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC", "-std=c++17"]
+
+_state = {"enabled": False, "library": None, "error": None}
+
+
+def configure(enabled):
+    _state["enabled"] = bool(enabled)
+
+
+def active():
+    """True when the fused kernels are switched on and the library builds."""
+    return _state["enabled"] and library() is not None
+
+
+def build_error():
+    return _state["error"]
+
+
+def _cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return line
+    except OSError:
+        pass
+    return ""
+
+
+def library():
+    """Path of the compiled library, building it if needed; None (with build_error() set) if it cannot be."""
+    if _state["library"] or _state["error"]:
+        return _state["library"]
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    if compiler is None:
+        _state["error"] = "no C++ compiler (g++) on PATH"
+        return None
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        with open(SOURCE, "rb") as f:
+            src = f.read()
+        key = hashlib.sha256(src + " ".join(COMPILE_FLAGS).encode() + version.encode() + _cpu_flags().encode())
+        cache = os.environ.get("MS_LLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ms_llm"))
+        out_dir = os.path.join(cache, "kernels")
+        target = os.path.join(out_dir, f"ms_llm_kernels_{key.hexdigest()[:16]}.so")
+        if not os.path.isfile(target):
+            os.makedirs(out_dir, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=out_dir) as tmp:
+                obj, lib = os.path.join(tmp, "kernels.o"), os.path.join(tmp, "kernels.so")
+                for cmd in ([compiler, *COMPILE_FLAGS, "-c", SOURCE, "-o", obj], [compiler, "-shared", obj, "-o", lib]):
+                    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                    if res.returncode != 0:
+                        raise RuntimeError(f"{' '.join(cmd)} failed: {res.stderr.strip()[:500]}")
+                os.replace(lib, target)  # atomic: concurrent ranks never load a half-written file
+        allow = os.environ.get("MS_CUSTOM_AOT_WHITE_LIST")
+        if allow and out_dir not in allow.split(":"):
+            os.environ["MS_CUSTOM_AOT_WHITE_LIST"] = f"{allow}:{out_dir}"
+        _state["library"] = target
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        _state["error"] = str(e)
+    return _state["library"]
+
+
+def custom(name, out_shape, out_dtype, bprop=None):
+    from mindspore import ops
+
+    return ops.Custom(f"{library()}:{name}", out_shape=out_shape, out_dtype=out_dtype, func_type="aot", bprop=bprop)
+
+
+_ops = {}
+
+
+def op(name):
+    """The Custom primitive for one fused computation (built once per process)."""
+    if name not in _ops:
+        _ops[name] = _BUILDERS[name]()
+    return _ops[name]
+
+
+def _gelu_tanh():
+    bwd = custom("GeluTanhBwd", lambda x, dy: x, lambda x, dy: x)
+
+    def bprop(x, out, dout):
+        return (bwd(x, dout),)
+
+    return custom("GeluTanhFwd", lambda x: x, lambda x: x, bprop)
+
+
+def _layer_norm():
+    from mindspore import ops
+
+    bwd = custom("LayerNormBwd", lambda x, w, eps, dy: (x, w, w), lambda x, w, eps, dy: (x, w, w))
+
+    def bprop(x, w, b, eps, out, dout):
+        dx, dw, db = bwd(x, w, eps, dout)
+        return dx, dw, db, ops.zeros_like(eps)
+
+    return custom("LayerNormFwd", lambda x, w, b, eps: x, lambda x, w, b, eps: x, bprop)
+
+
+def _sum_squares():
+    return custom("SumSquares", lambda x: [1], lambda x: x)
+
+
+_BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares}

@@ -1,0 +1,74 @@
+"""`ms-llm benchmark`: time the real training step on real data.
+
+Compile time is measured on the first call and reported on its own; then `warmup` steps run untimed and
+`steps` steps are timed one by one (each synchronised, so a step's time is its own). Throughput uses
+the median step time, which a stray slow step (a noisy neighbour, a page fault) does not move.
+"""
+import json
+import time
+
+import numpy as np
+
+from ms_llm.monitor.throughput import peak_memory_gib
+from ms_llm.train.session import open_session
+
+
+def run_benchmark(cfg, steps=50, warmup=5, echo=print):
+    s = open_session(cfg, echo)
+    t0 = time.perf_counter()
+    s.train_step()[0].asnumpy()
+    compile_s = time.perf_counter() - t0
+    for _ in range(warmup):
+        s.train_step()[0].asnumpy()
+    times, waits = [], []
+    for _ in range(steps):
+        w0 = s.data.wait_s
+        t0 = time.perf_counter()
+        s.train_step()[0].asnumpy()
+        times.append(time.perf_counter() - t0)
+        waits.append(s.data.wait_s - w0)
+    times = np.array(times)
+    median = float(np.median(times))
+    tokens_per_s = s.tokens_per_step / median
+    achieved = s.flops_per_token * tokens_per_s / s.rt.world_size
+    return {
+        "tokens_per_s": tokens_per_s,
+        "ms_per_step": 1e3 * median,
+        "ms_per_step_p90": 1e3 * float(np.percentile(times, 90)),
+        "ms_per_step_mean": 1e3 * float(times.mean()),
+        "compile_s": compile_s,
+        "tflops": achieved / 1e12,
+        "mfu": achieved / s.peak_flops,
+        "peak_tflops": s.peak_flops / 1e12,
+        "peak_mem_gib": peak_memory_gib(s.rt.device_target),
+        "data_wait_frac": float(np.sum(waits) / np.sum(times)),
+        "steps": steps,
+        "tokens_per_step": s.tokens_per_step,
+        "parameters": s.n_params,
+        "device": s.rt.device_target,
+        "world_size": s.rt.world_size,
+    }
+
+
+def format_report(r):
+    return "\n".join([
+        f"benchmark: {r['steps']} timed steps of {r['tokens_per_step']:,} tokens on {r['device']} "
+        f"({r['world_size']} rank(s), {r['parameters']:,} parameters)",
+        f"  tokens/s        {r['tokens_per_s']:,.0f}",
+        f"  ms/step         median {r['ms_per_step']:.2f}   p90 {r['ms_per_step_p90']:.2f}   "
+        f"mean {r['ms_per_step_mean']:.2f}",
+        f"  compile         {r['compile_s']:.1f} s (first call, excluded above)",
+        f"  achieved        {r['tflops']:.3f} TFLOP/s per device = MFU {100 * r['mfu']:.1f}% "
+        f"of {r['peak_tflops']:.2f} TFLOP/s",
+        f"  peak memory     {r['peak_mem_gib']:.2f} GiB",
+        f"  data wait       {100 * r['data_wait_frac']:.1f}% of step time",
+    ])
+
+
+def main(cfg, steps, warmup, as_json, echo=print):
+    r = run_benchmark(cfg, steps, warmup, echo=(lambda *_: None) if as_json else echo)
+    if not as_json:
+        echo(format_report(r))
+    else:
+        echo(json.dumps(r))
+    return r

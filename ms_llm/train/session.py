@@ -1,0 +1,120 @@
+"""Everything a run holds, built once from a config: runtime, data, model, optimizer, compiled step.
+
+`open_session` does all checks that can refuse a run (config × world size, dataset × model) before it
+builds anything; the trainer, the benchmark and the debugging tools all start from it.
+"""
+from dataclasses import dataclass
+from typing import Any, Callable, List
+
+import numpy as np
+
+from ms_llm.config import check_against_dataset, resolve_runtime
+from ms_llm.data.loader import TrainBatches, eval_batches
+from ms_llm.data.manifest import has_manifest, load_manifest
+from ms_llm.errors import UserError
+from ms_llm.monitor.throughput import flops_per_token, peak_tflops
+from ms_llm.train.context import Runtime, all_ranks_ok, setup_context
+
+
+@dataclass
+class Session:
+    cfg: Any
+    rt: Runtime
+    log: Callable
+    manifest: dict
+    accum: int
+    model: Any
+    step_fn: Any
+    eval_step: Any
+    data: TrainBatches
+    val: List[Any]
+    n_params: int
+    flops_per_token: float
+    peak_flops: float
+
+    @property
+    def tokens_per_step(self):
+        return self.cfg.train.global_batch_size * self.cfg.model.seq_length
+
+    def train_step(self):
+        """One optimizer step: accum-1 accumulating micro-batches, then the updating one."""
+        for _ in range(self.accum - 1):
+            self.step_fn.accumulate(next(self.data))
+        return self.step_fn(next(self.data))
+
+
+def open_session(cfg, echo=print, preflight=None, consumed_samples=0):
+    """Check, then build. `preflight(rt, log)` runs after the runtime is known and before any data is touched."""
+    rt = setup_context(cfg.context)
+    log = echo if rt.is_main else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
+    accum = resolve_runtime(cfg, rt.world_size, rt.device_target)
+    if preflight is not None:
+        preflight(rt, log)
+    manifest = prepare_dataset(cfg, rt, log)
+    check_against_dataset(cfg, manifest, cfg.data.dataset_dir)
+
+    import mindspore as ms
+    from model_zoo import build_model, count_params
+    from ms_llm.train.evaluate import EvalStep
+    from ms_llm.train.lr_schedule import lr_table
+    from ms_llm.train.optimizer import AdamW
+    from ms_llm.train.step import TrainStep
+
+    from ms_llm.nn import cpu_kernels
+
+    t, m = cfg.train, cfg.model
+    cpu_kernels.configure(rt.device_target == "CPU" and cfg.context.cpu_kernels)
+    if rt.device_target == "CPU" and cfg.context.cpu_kernels and not cpu_kernels.active():
+        log(f"note: fused CPU kernels unavailable ({cpu_kernels.build_error()}); using plain MindSpore ops")
+    ms.set_seed(t.seed)
+    np.random.seed(t.seed)
+    model = build_model(m, cfg.precision.compute_dtype)
+    optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
+    step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, rt.world_size, t.max_steps, lr_table(t))
+    model.set_train(True)
+    dp = cfg.parallel_config.data_parallel
+    data = TrainBatches(cfg.data.dataset_dir, manifest, "train", t.micro_batch_size, dp, rt.rank, t.seed,
+                        m.seq_length, consumed=consumed_samples, num_workers=cfg.data.num_workers)
+    val = eval_batches(cfg.data.dataset_dir, manifest, t.micro_batch_size, t.eval_steps, dp, rt.rank, m.seq_length,
+                       cfg.data.num_workers, accum)
+    n_params = count_params(model)
+    s = Session(cfg, rt, log, manifest, accum, model, step_fn, EvalStep(model), data, val, n_params,
+                flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length),
+                peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12)
+    log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
+        f"seq {m.seq_length}, vocab {m.vocab_size}); compute dtype {cfg.precision.compute_dtype}")
+    log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × accumulation {accum} × data-parallel {dp}; "
+        f"{s.tokens_per_step:,} tokens/step; device {rt.device_target}, {rt.world_size} rank(s)")
+    return s
+
+
+def prepare_dataset(cfg, rt, log):
+    """Load the dataset manifest; preprocess `data.source` first (on rank 0) when the folder has none."""
+    d = cfg.data
+    if not has_manifest(d.dataset_dir):
+        if not d.source:
+            load_manifest(d.dataset_dir)  # raises the 'run ms-llm preprocess' message
+        if rt.is_main:
+            log(f"no dataset in '{d.dataset_dir}': preprocessing '{d.source}' ({d.tokenizer} tokenizer, "
+                f"seq_length {cfg.model.seq_length})")
+
+        def build():
+            if rt.is_main:
+                from ms_llm.data.preprocess import preprocess
+
+                preprocess(d.source, d.dataset_dir, cfg.model.seq_length, d.tokenizer, d.val_fraction, d.text_field,
+                           log=log)
+
+        agree(rt, build)
+    return load_manifest(d.dataset_dir)
+
+
+def agree(rt, action):
+    """Run `action` and make every rank fail if any rank failed, so no rank waits forever on another."""
+    error = None
+    try:
+        action()
+    except UserError as e:
+        error = e
+    if not all_ranks_ok(rt, error is None):
+        raise error or UserError("another rank refused to start; its message is in its log (msrun --log_dir).")

@@ -1,0 +1,109 @@
+"""The fused CPU kernels against the plain MindSpore compositions they replace: forward and gradient."""
+import numpy as np
+import pytest
+import mindspore as ms
+from mindspore import ops
+
+from ms_llm.nn import cpu_kernels
+from ms_llm.nn.activations import GeluTanh
+from ms_llm.nn.norms import LayerNorm
+from ms_llm.train.step import sum_of_squares
+
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason=f"no kernels: {cpu_kernels.build_error()}")
+
+# Tolerances for float32 results against float64 / the composition: the kernels reassociate sums
+# (-ffast-math) and use glibc's vector expf; measured errors are ~1e-6 relative, 100x inside these.
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def build(cls, *args):
+    """The same Cell twice: once with the fused kernels, once with plain ops."""
+    cpu_kernels.configure(True)
+    fused = cls(*args)
+    cpu_kernels.configure(False)
+    plain = cls(*args)
+    assert fused.fused and not plain.fused
+    return fused, plain
+
+
+def value_and_grads(cell, x, weights=()):
+    def loss(x):
+        y = cell(x)
+        return (y * ms.Tensor(np.linspace(-1, 1, y.size).reshape(y.shape).astype(np.float32))).sum(), y
+
+    fn = ms.value_and_grad(loss, grad_position=0, weights=weights, has_aux=True)
+    (_, y), grads = ms.jit(fn)(x)
+    return y.asnumpy(), grads
+
+
+def gelu_reference(x):
+    """float64 GELU (tanh form) and its derivative."""
+    x = x.astype(np.float64)
+    k = np.sqrt(2 / np.pi)
+    t = np.tanh(k * (x + 0.044715 * x ** 3))
+    return 0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x)
+
+
+def test_gelu_forward_and_gradient_match_float64_and_composition():
+    fused, plain = build(GeluTanh)
+    x = (np.random.default_rng(0).standard_normal((384, 512)) * 4).astype(np.float32)
+    weights = np.linspace(-1, 1, x.size).reshape(x.shape)
+    ref_y, ref_dy = gelu_reference(x)
+    for cell in (fused, plain):
+        y, (dx, _) = value_and_grads(cell, ms.Tensor(x))
+        np.testing.assert_allclose(y, ref_y, rtol=RTOL, atol=ATOL)
+        np.testing.assert_allclose(dx.asnumpy(), ref_dy * weights, rtol=RTOL, atol=ATOL)
+    big = ms.Tensor(np.array([-1e4, -60.0, 60.0, 1e4], np.float32))  # the clamp keeps the tails finite
+    np.testing.assert_allclose(fused(big).asnumpy(), [0.0, 0.0, 60.0, 1e4], atol=1e-6)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_layernorm_forward_and_gradients_match_composition(bias):
+    fused, plain = build(LayerNorm, 96, 1e-5, bias)
+    rng = np.random.default_rng(1)
+    for cell in (fused, plain):  # non-trivial gain and bias, identical in both
+        cell.weight.set_data(ms.Tensor(rng.standard_normal(96).astype(np.float32)))
+        if bias:
+            cell.bias.set_data(ms.Tensor(rng.standard_normal(96).astype(np.float32)))
+        rng = np.random.default_rng(1)
+    x = ms.Tensor((rng.standard_normal((4, 30, 96)) * 3 + 1).astype(np.float32))
+    yf, (dxf, dwf) = value_and_grads(fused, x, fused.trainable_params())
+    yp, (dxp, dwp) = value_and_grads(plain, x, plain.trainable_params())
+    assert yf.shape == (4, 30, 96)
+    np.testing.assert_allclose(yf, yp, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(dxf.asnumpy(), dxp.asnumpy(), rtol=RTOL, atol=ATOL)
+    for a, b in zip(dwf, dwp):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=RTOL, atol=1e-4)
+
+
+class SumOfSquares(ms.nn.Cell):
+    def __init__(self):
+        super().__init__()
+        cpu_kernels.configure(True)
+        self.op = cpu_kernels.op("sum_squares")
+        cpu_kernels.configure(False)
+
+    def construct(self, x):
+        return sum_of_squares(x, self.op)
+
+
+def test_sum_of_squares_matches_and_propagates_inf():
+    cell = SumOfSquares()
+    x = np.random.default_rng(2).standard_normal((1000, 77)).astype(np.float32)
+    assert float(cell(ms.Tensor(x)).asnumpy()) == pytest.approx(float((x.astype(np.float64) ** 2).sum()), rel=1e-6)
+    x[3, 5] = np.inf
+    assert np.isinf(float(cell(ms.Tensor(x)).asnumpy()))
+    x[3, 5] = np.nan
+    assert np.isnan(float(cell(ms.Tensor(x)).asnumpy()))
+
+
+def test_non_finite_values_propagate_through_fused_kernels():
+    """-ffast-math must not swallow NaN/Inf: the NaN hunter relies on seeing them where they arise."""
+    fused_gelu, _ = build(GeluTanh)
+    fused_ln, _ = build(LayerNorm, 8)
+    x = np.ones((2, 8), np.float32)
+    x[0, 3], x[1, 2] = np.nan, np.inf
+    y = fused_gelu(ms.Tensor(x)).asnumpy()
+    assert np.isnan(y[0, 3]) and np.isposinf(y[1, 2]) and np.isfinite(y[0, 0])
+    assert np.isnan(fused_ln(ms.Tensor(x)).asnumpy()).all()  # a non-finite value poisons its whole row
