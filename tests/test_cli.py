@@ -85,3 +85,24 @@ def test_preprocess_command(corpus, tmp_path):
     assert_clean_refusal(ms_llm("preprocess", "--input", corpus, "--output-dir", str(out), "--seq-length", "16"),
                          "already holds a dataset", "--overwrite")
     assert_clean_refusal(ms_llm("preprocess", "--input", corpus), "--output-dir", "--seq-length")
+
+
+def test_compile_cache_reuses_only_identical_graphs(dataset, tmp_path):
+    env = {"MS_LLM_CACHE": str(tmp_path / "cache")}
+    runs = {}
+    for name, extra in (("a", []), ("b", ["--set", "train.eval_interval=10"]), ("c", ["--set", "model.num_layers=3"])):
+        proc = ms_llm(*tiny_train_args(dataset, tmp_path / name, "--set", "train.max_steps=20", *extra), env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        runs[name] = proc.stdout
+    assert "compile cache: filling" in runs["a"]
+    assert "compile cache: reusing" in runs["b"]  # a different eval interval compiles to the same graph
+    assert "compile cache: filling" in runs["c"]  # a different model never reuses another's graph
+
+    def losses(name):
+        records = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
+        return [(r["step"], r.get("loss"), r.get("val_loss")) for r in records if r["step"] in (10, 20)]
+
+    a, b = losses("a"), losses("b")
+    assert [x for x in a if x[1]] == [x for x in b if x[1]]  # the cached graph computes what the fresh one did
+    assert [x for x in a if x[2]] == [x for x in b if x[2] and x[0] == 20]
+    assert losses("c")[-1] != a[-1]

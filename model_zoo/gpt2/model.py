@@ -1,14 +1,14 @@
 """GPT-2: learned positions, LayerNorm, GELU MLP, optional biases, tied embeddings."""
 import mindspore as ms
 
-from ms_llm.nn import CausalLM, CausalSelfAttention, DecoderLayer, GeluMLP, LayerNorm
+from ms_llm.nn import CausalLM, CausalSelfAttention, decoder_layer, GeluMLP, LayerNorm
 from ms_llm.nn.init import normal, residual_std
 
 
 def build_gpt2(m, compute_dtype=ms.float32):
     out_std = residual_std(m.init_std, m.num_layers)
     layers = [
-        DecoderLayer(
+        decoder_layer(
             LayerNorm(m.hidden_size, m.norm_eps, m.bias),
             CausalSelfAttention(m.hidden_size, m.num_heads, m.num_heads, m.seq_length, m.bias, m.init_std, out_std,
                                 m.dropout, rope_theta=None, compute_dtype=compute_dtype),

@@ -1,14 +1,14 @@
 """Llama: RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head by default, no biases."""
 import mindspore as ms
 
-from ms_llm.nn import CausalLM, CausalSelfAttention, DecoderLayer, RMSNorm, SwiGLU
+from ms_llm.nn import CausalLM, CausalSelfAttention, decoder_layer, RMSNorm, SwiGLU
 from ms_llm.nn.init import residual_std
 
 
 def build_llama(m, compute_dtype=ms.float32):
     out_std = residual_std(m.init_std, m.num_layers)
     layers = [
-        DecoderLayer(
+        decoder_layer(
             RMSNorm(m.hidden_size, m.norm_eps),
             CausalSelfAttention(m.hidden_size, m.num_heads, m.num_kv_heads, m.seq_length, False, m.init_std, out_std,
                                 m.dropout, rope_theta=m.rope_theta, compute_dtype=compute_dtype),

@@ -108,6 +108,7 @@ def with_preset(model):
 
 
 def build_section(section, cls, values):
+    """Typed `cls` from a dict; nested dataclass fields are sections of their own (e.g. monitor.profile)."""
     fields = {f.name: f for f in dataclasses.fields(cls)}
     hints = typing.get_type_hints(cls)
     kwargs = {}
@@ -135,6 +136,8 @@ def type_name(tp):
         return name + (" or null" if type(None) in typing.get_args(tp) else "")
     if origin in (list, typing.List):
         return f"list of {type_name(typing.get_args(tp)[0])}"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping of " + ", ".join(f.name for f in dataclasses.fields(tp))
     return getattr(tp, "__name__", str(tp))
 
 
@@ -145,13 +148,13 @@ class _Mismatch(Exception):
 def coerce(value, tp, path):
     """Convert `value` to type `tp`, accepting the spellings YAML and the command line produce."""
     try:
-        return _coerce(value, tp)
+        return _coerce(value, tp, path)
     except _Mismatch:
         raise UserError(f"{path} = {value!r} ({type(value).__name__}) has the wrong type: expected "
                         f"{type_name(tp)}. Fix the value in the config file or in --set {path}=...") from None
 
 
-def _coerce(value, tp):
+def _coerce(value, tp, path=""):
     origin = typing.get_origin(tp)
     if origin is typing.Union:
         args = typing.get_args(tp)
@@ -163,7 +166,7 @@ def _coerce(value, tp):
             if arg is type(None):
                 continue
             try:
-                return _coerce(value, arg)
+                return _coerce(value, arg, path)
             except _Mismatch:
                 continue
         raise _Mismatch
@@ -171,7 +174,7 @@ def _coerce(value, tp):
         if not isinstance(value, (list, tuple)):
             raise _Mismatch
         (item,) = typing.get_args(tp)
-        return [_coerce(v, item) for v in value]
+        return [_coerce(v, item, path) for v in value]
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -206,9 +209,11 @@ def _coerce(value, tp):
         if isinstance(value, str):
             return value
         raise _Mismatch
-    if tp is dict:
+    if dataclasses.is_dataclass(tp):
         if isinstance(value, dict):
-            return value
+            return build_section(path, tp, value)
+        if value is True:  # `profile: true` means "with the defaults"
+            return tp()
         raise _Mismatch
     raise _Mismatch
 

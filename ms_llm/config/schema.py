@@ -108,10 +108,19 @@ class CheckpointConfig:
 
 
 @dataclass
+class ProfileConfig:
+    start_step: int = opt(10, "first profiled step (after this many steps have run; past the compile)")
+    stop_step: int = opt(20, "profiling stops after this step; the top-10 operator table is printed then")
+    output_dir: Optional[str] = opt(None, "where the trace goes (null: <run dir>/profile)")
+
+
+@dataclass
 class MonitorConfig:
     summary: bool = opt(True, "write MindSpore Insight summary files under <run>/summary")
     progress_bar: bool = opt(True, "tqdm progress bar on rank 0")
     peak_tflops: Optional[float] = opt(None, "per-device peak for MFU (null: a default by device)")
+    profile: Optional[ProfileConfig] = opt(None, "profile a window of steps with mindspore.Profiler, e.g. "
+                                                 "{start_step: 10, stop_step: 20} (null: off)")
 
 
 @dataclass
@@ -123,6 +132,8 @@ class ContextConfig:
     jit_level: Optional[str] = opt(None, "MindSpore jit_level", choices=("O0", "O1", "O2"))
     max_device_memory: Optional[str] = opt(None, "e.g. '58GB' on Ascend")
     num_threads: Optional[int] = opt(None, "CPU kernel threads (null: MindSpore default)")
+    compile_cache: bool = opt(True, "reuse compiled graphs of an identical config+code from "
+                                    "~/.cache/ms_llm/compile (restarts, resumes and benchmarks skip compilation)")
     cpu_kernels: bool = opt(True, "on CPU, fused C++ kernels for GELU, LayerNorm and the gradient norm "
                                   "(compiled with g++ at first use; plain MindSpore ops if that fails)")
 

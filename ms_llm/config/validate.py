@@ -76,6 +76,10 @@ def validate_config(cfg):
     if p.init_scale <= 0 or p.scale_factor <= 1:
         raise UserError(f"precision.init_scale = {p.init_scale} must be > 0 and precision.scale_factor = "
                         f"{p.scale_factor} must be > 1.")
+    prof = cfg.monitor.profile
+    if prof is not None and not 0 <= prof.start_step < prof.stop_step:
+        raise UserError(f"monitor.profile: start_step = {prof.start_step}, stop_step = {prof.stop_step}: need "
+                        f"0 <= start_step < stop_step (start after the first step to keep compilation out).")
     if cfg.checkpoint.save_interval < 0 or cfg.checkpoint.keep_last < 1:
         raise UserError(f"checkpoint.save_interval = {cfg.checkpoint.save_interval} must be >= 0 and "
                         f"checkpoint.keep_last = {cfg.checkpoint.keep_last} must be >= 1.")

@@ -38,7 +38,7 @@ class ProfileWindow:
         self.profiler.stop()
         self.profiler.analyse()
         self.profiler = None
-        rows = top_operators(self.output_dir, steps, self.top)
+        rows = top_operators(self.output_dir, max(1, steps), self.top)
         self.table = rows
         if rows:
             self.log(format_top_table(rows, steps))

@@ -2,6 +2,7 @@
 import mindspore as ms
 from mindspore import nn, ops
 
+from ms_llm.nn import device
 from ms_llm.nn.init import normal
 
 
@@ -16,6 +17,29 @@ class DecoderLayer(nn.Cell):
     def construct(self, x):
         x = x + self.attention(self.attn_norm(x))
         return x + self.mlp(self.mlp_norm(x))
+
+
+class ReusedDecoderLayer(DecoderLayer):
+    """Compiled once and called for every layer, so compile time does not grow with depth (Ascend)."""
+
+    @ms.lazy_inline
+    def __init__(self, attn_norm, attention, mlp_norm, mlp):
+        super().__init__(attn_norm, attention, mlp_norm, mlp)
+
+
+class FrontReusedDecoderLayer(DecoderLayer):
+    """Compiled once by the front end, then inlined: the CPU and GPU backends cannot call a subgraph
+    (they reject plain lazy_inline), so only the front-end share of the compile time is saved."""
+
+    @ms.lazy_inline(policy="front")
+    def __init__(self, attn_norm, attention, mlp_norm, mlp):
+        super().__init__(attn_norm, attention, mlp_norm, mlp)
+
+
+def decoder_layer(attn_norm, attention, mlp_norm, mlp):
+    """The repeated decoder layer, with the cell reuse the target backend supports."""
+    cls = ReusedDecoderLayer if device.is_ascend() else FrontReusedDecoderLayer
+    return cls(attn_norm, attention, mlp_norm, mlp)
 
 
 class CausalLM(nn.Cell):

@@ -43,7 +43,7 @@ class Session:
         return self.step_fn(next(self.data))
 
 
-def open_session(cfg, echo=print, preflight=None, consumed_samples=0):
+def open_session(cfg, echo=print, preflight=None, consumed_samples=0, purpose="train"):
     """Check, then build. `preflight(rt, log)` runs after the runtime is known and before any data is touched."""
     rt = setup_context(cfg.context)
     log = echo if rt.is_main else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
@@ -60,12 +60,18 @@ def open_session(cfg, echo=print, preflight=None, consumed_samples=0):
     from ms_llm.train.optimizer import AdamW
     from ms_llm.train.step import TrainStep
 
-    from ms_llm.nn import cpu_kernels
+    from ms_llm.nn import cpu_kernels, device
 
     t, m = cfg.train, cfg.model
+    device.configure(rt.device_target)
     cpu_kernels.configure(rt.device_target == "CPU" and cfg.context.cpu_kernels)
     if rt.device_target == "CPU" and cfg.context.cpu_kernels and not cpu_kernels.active():
         log(f"note: fused CPU kernels unavailable ({cpu_kernels.build_error()}); using plain MindSpore ops")
+    if cfg.context.compile_cache and cfg.context.mode == "graph":
+        from ms_llm.train import compile_cache
+
+        path, hit = compile_cache.enable(cfg, rt, purpose)
+        log(f"compile cache: {'reusing' if hit else 'filling'} {path}")
     ms.set_seed(t.seed)
     np.random.seed(t.seed)
     model = build_model(m, cfg.precision.compute_dtype)

@@ -44,10 +44,20 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print):
     if bar is not None and rt.is_main:
         writer.echo = bar.write
 
+    profiler = None
+    if cfg.monitor.profile is not None:
+        from ms_llm.monitor.profile import ProfileWindow
+
+        p = cfg.monitor.profile
+        out = p.output_dir or os.path.join(run_dir, "profile", f"rank_{rt.rank}")
+        profiler = ProfileWindow(p.start_step, min(p.stop_step, t.max_steps), out, rt.device_target, log)
+
     pending, skipped, compile_s, val_loss = [], 0, None, None
     interval_start, paused, data.wait_s = time.perf_counter(), 0.0, 0.0
     try:
         for step in range(t.max_steps):
+            if profiler is not None:
+                profiler.before_step(step)
             t0 = time.perf_counter()
             pending.append(s.train_step())
             if compile_s is None:  # the first call compiles the graph: keep it out of the throughput figures
@@ -56,6 +66,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print):
                 log(f"compiled the training step in {compile_s:.1f} s")
                 interval_start, paused, data.wait_s = time.perf_counter(), 0.0, 0.0
             done = step + 1
+            if profiler is not None:
+                profiler.after_step(done)
             if done % t.log_interval == 0 or done == t.max_steps:
                 record, n_skipped = interval_record(pending, done, lr_at(step, t))
                 skipped += n_skipped
@@ -80,6 +92,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print):
         val_loss = run_eval(model, s.eval_step, val, rt, t.max_steps, m.seq_length, writer)
         path = save_checkpoint(run_dir, rt, model, step_fn, t.max_steps, data, cfg)
     finally:
+        if profiler is not None and profiler.profiler is not None:
+            profiler.finish(0)
         if bar is not None:
             bar.close()
         writer.close()
