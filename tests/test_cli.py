@@ -106,3 +106,14 @@ def test_compile_cache_reuses_only_identical_graphs(dataset, tmp_path):
     assert [x for x in a if x[1]] == [x for x in b if x[1]]  # the cached graph computes what the fresh one did
     assert [x for x in a if x[2]] == [x for x in b if x[2] and x[0] == 20]
     assert losses("c")[-1] != a[-1]
+
+
+def test_profile_window_prints_top_operators(dataset, tmp_path):
+    run = tmp_path / "run"
+    proc = ms_llm(*tiny_train_args(dataset, run, "--set", "train.max_steps=12", "--set", "monitor.profile.start_step=4",
+                                   "--set", "monitor.profile.stop_step=8"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "top 10 operators over 4 profiled steps" in proc.stdout and "MatMul" in proc.stdout
+    assert any((run / "profile" / "rank_0").iterdir())
+    top = json.loads((run / "run_info.json").read_text())["final"]["profile_top_ops"]
+    assert len(top) == 10 and top[0]["ms_per_step"] >= top[-1]["ms_per_step"] > 0

@@ -59,8 +59,8 @@ def validate_config(cfg):
         raise UserError(f"data.val_fraction = {cfg.data.val_fraction} must be between 0 and 1 (e.g. 0.1).")
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
         raise UserError(f"train.lr = {t.lr} and train.min_lr = {t.min_lr}: need 0 <= min_lr <= lr and lr > 0.")
-    if t.warmup_steps < 0 or t.warmup_steps > t.max_steps:
-        raise UserError(f"train.warmup_steps = {t.warmup_steps} must be between 0 and train.max_steps = {t.max_steps}.")
+    if t.warmup_steps < 0:
+        raise UserError(f"train.warmup_steps = {t.warmup_steps} must be >= 0.")
     if t.decay_steps is not None and t.decay_steps <= t.warmup_steps:
         raise UserError(f"train.decay_steps = {t.decay_steps} must exceed train.warmup_steps = {t.warmup_steps} "
                         f"(or be null to decay until train.max_steps).")

@@ -9,10 +9,17 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
+from ms_llm.nn import device
 from ms_llm.nn.linear import Linear
 from ms_llm.nn.rope import RotaryEmbedding
 
 MASKED = -1e9  # finite, so a fully masked row cannot produce NaN
+FLASH_MASK = 2048  # FlashAttentionScore's causal mode (sparse_mode=2) takes a fixed 2048x2048 mask
+
+
+def use_flash_attention(compute_dtype, head_dim, dropout):
+    """Ascend's fused FlashAttentionScore: float16/bfloat16, head size a multiple of 16, no dropout."""
+    return device.is_ascend() and compute_dtype in (ms.float16, ms.bfloat16) and head_dim % 16 == 0 and dropout == 0
 
 
 class CausalSelfAttention(nn.Cell):
@@ -28,7 +35,11 @@ class CausalSelfAttention(nn.Cell):
         self.out = Linear(num_heads * self.head_dim, hidden, bias, out_std, compute_dtype)
         self.rope = RotaryEmbedding(self.head_dim, seq_length, rope_theta) if rope_theta else None
         self.use_rope = rope_theta is not None
-        self.mask = ms.Tensor(np.triu(np.full((seq_length, seq_length), MASKED, np.float32), 1))
+        self.flash = use_flash_attention(compute_dtype, self.head_dim, dropout)
+        if self.flash:  # 1 = masked, upper triangle: the compressed causal mask of sparse_mode=2
+            self.mask = ms.Tensor(np.triu(np.ones((FLASH_MASK, FLASH_MASK), np.uint8), 1))
+        else:
+            self.mask = ms.Tensor(np.triu(np.full((seq_length, seq_length), MASKED, np.float32), 1))
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
         self.attn_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
@@ -41,6 +52,10 @@ class CausalSelfAttention(nn.Cell):
         q, k, v = qkv[:, :h], qkv[:, h:h + kv], qkv[:, h + kv:]
         if self.use_rope:
             q, k = self.rope(q), self.rope(k)
+        if self.flash:  # softmax statistics are kept in float32 inside the kernel; GQA is native
+            y = ops.flash_attention_score(q, k, v, h, attn_mask=self.mask, scalar_value=self.scale,
+                                          input_layout="BNSD", sparse_mode=2)
+            return self.out(y.transpose(0, 2, 1, 3).reshape(b, t, h * d))
         if self.groups > 1:
             k = ops.broadcast_to(k.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, h, t, d)
             v = ops.broadcast_to(v.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, h, t, d)

@@ -3,7 +3,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from ms_llm.nn import cpu_kernels
+from ms_llm.nn import cpu_kernels, device
 from ms_llm.nn.init import ones, zeros
 
 
@@ -22,17 +22,22 @@ class LayerNorm(nn.Cell):
         self.has_bias = bias
         self.eps = eps
         self.fused = cpu_kernels.active()
+        self.ascend = device.is_ascend()  # Ascend's fused LayerNorm kernel
         if self.fused:
             self.op = cpu_kernels.op("layer_norm")
             self.eps_tensor = ms.Tensor([eps], ms.float32)
-            self.zero_bias = ms.Tensor(np.zeros(dim, np.float32))
+        elif self.ascend:
+            self.op = ops.LayerNorm(-1, -1, eps)
+        self.zero_bias = ms.Tensor(np.zeros(dim, np.float32))
 
     def construct(self, x):
         dtype, shape = x.dtype, x.shape
         x = x.astype(ms.float32).reshape(-1, shape[-1])
+        bias = self.bias if self.has_bias else self.zero_bias
         if self.fused:
-            bias = self.bias if self.has_bias else self.zero_bias
             return self.op(x, self.weight, bias, self.eps_tensor).astype(dtype).reshape(shape)
+        if self.ascend:
+            return self.op(x, self.weight, bias)[0].astype(dtype).reshape(shape)
         mean = x.mean(-1, keep_dims=True)
         centered = x - mean
         var = (centered * centered).mean(-1, keep_dims=True)
@@ -43,13 +48,18 @@ class LayerNorm(nn.Cell):
 
 
 class RMSNorm(nn.Cell):
+    """x / sqrt(mean(x^2) + eps) * w in float32; Ascend's fused RmsNorm kernel there."""
+
     def __init__(self, dim, eps=1e-5):
         super().__init__()
         self.weight = ones((dim,), "weight")
         self.eps = eps
+        self.ascend = device.is_ascend()
 
     def construct(self, x):
         dtype, shape = x.dtype, x.shape
         x = x.astype(ms.float32).reshape(-1, shape[-1])
+        if self.ascend:
+            return ops.rms_norm(x, self.weight, self.eps)[0].astype(dtype).reshape(shape)
         y = x * ops.rsqrt((x * x).mean(-1, keep_dims=True) + self.eps) * self.weight
         return y.astype(dtype).reshape(shape)

@@ -89,6 +89,9 @@ def open_session(cfg, echo=print, preflight=None, consumed_samples=0, purpose="t
                 peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12)
     log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
         f"seq {m.seq_length}, vocab {m.vocab_size}); compute dtype {cfg.precision.compute_dtype}")
+    if t.warmup_steps >= t.max_steps:
+        log(f"note: train.warmup_steps = {t.warmup_steps} >= train.max_steps = {t.max_steps}: the learning rate "
+            f"never reaches train.lr = {t.lr} in this run")
     log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × accumulation {accum} × data-parallel {dp}; "
         f"{s.tokens_per_step:,} tokens/step; device {rt.device_target}, {rt.world_size} rank(s)")
     return s

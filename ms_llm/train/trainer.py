@@ -103,6 +103,9 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print):
     summary = {"final_val_loss": val_loss, "param_digest": digest, "steps": t.max_steps, "skipped_steps": skipped, "compile_s": compile_s,
                "peak_mem_gib": peak_memory_gib(rt.device_target), "run_dir": run_dir, "checkpoint": path,
                "parameters": n_params}
+    if profiler is not None and profiler.table:
+        summary["profile_top_ops"] = [{"op": op, "ms_per_step": ms_, "calls_per_step": c, "share": sh}
+                                      for op, ms_, c, sh in profiler.table]
     if rt.is_main:
         info_path = os.path.join(run_dir, "run_info.json")
         info = __import__("json").load(open(info_path))
