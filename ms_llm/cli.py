@@ -21,6 +21,8 @@ def add_train_args(p):
     p.add_argument("--run-dir", help="where the run is written (default: runs/<config>-<time>); must not exist "
                                      "unless --resume")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its newest checkpoint")
+    p.add_argument("--weights-only", action="store_true",
+                   help="with --resume: accept a checkpoint without optimizer state (AdamW restarts from zero)")
 
 
 def cmd_train(args):
@@ -28,7 +30,10 @@ def cmd_train(args):
     from ms_llm.train.trainer import run
 
     cfg = load_config(args.config, args.overrides)
-    run(cfg, run_dir=args.run_dir, resume=args.resume, config_path=args.config)
+    if args.weights_only and not args.resume:
+        raise UserError("--weights-only only applies with --resume. To start a new run from weights, use "
+                        "--set checkpoint.load_weights=<file>.")
+    run(cfg, run_dir=args.run_dir, resume=args.resume, config_path=args.config, weights_only=args.weights_only)
 
 
 def cmd_preprocess(args):

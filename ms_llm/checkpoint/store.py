@@ -1,18 +1,22 @@
 """Checkpoint files on disk: atomic, checksummed, with a `latest` pointer written last.
 
-    checkpoints/rank_<r>/step_<n>.ckpt    tensors (MindSpore format)
-    checkpoints/rank_<r>/step_<n>.json    manifest: size + SHA-256 of the .ckpt, step, and the run state
-    checkpoints/rank_<r>/latest           name of the newest complete checkpoint
+    checkpoints/rank_<r>/step_<n>.ckpt         tensors (MindSpore format; .safetensors with checkpoint.format)
+    checkpoints/rank_<r>/step_<n>.json         manifest: file, size, SHA-256, step, and the run state
+    checkpoints/rank_<r>/latest                name of the newest complete checkpoint
 
-A checkpoint exists only once its manifest does; the manifest is written after the tensors are on
-disk (temp file, fsync, rename), and `latest` after the manifest. Pruning happens after all three.
+Order of writing: tensors to a temporary file, fsync, rename; then the manifest the same way; then
+`latest`; then pruning of old checkpoints. A crash at any point leaves every earlier checkpoint intact
+and, at worst, a newest one without a manifest, which `newest_valid` skips with a one-line warning.
 """
 import hashlib
 import json
 import os
 import re
 
-STEP_RE = re.compile(r"^step_(\d+)\.ckpt$")
+import numpy as np
+
+STEP_RE = re.compile(r"^step_(\d+)\.(ckpt|safetensors)$")
+EXTENSIONS = {"ckpt": ".ckpt", "safetensors": ".safetensors"}
 
 
 def rank_dir(run_dir, rank):
@@ -30,7 +34,12 @@ def _fsync_dir(path):
         os.close(fd)
 
 
-def _atomic_write_bytes(path, data):
+def _fsync_file(path):
+    with open(path, "rb+") as f:
+        os.fsync(f.fileno())
+
+
+def atomic_write_bytes(path, data):
     tmp = os.path.join(os.path.dirname(path), f".tmp-{os.path.basename(path)}")
     with open(tmp, "wb") as f:
         f.write(data)
@@ -47,21 +56,42 @@ def sha256_file(path):
     return h.hexdigest()
 
 
-def save(directory, step, tensors, meta, keep_last=None):
-    """Write `tensors` ({name: Tensor/Parameter}) and `meta` (JSON-able) as checkpoint `step`."""
+def write_tensors(path, arrays, fmt):
+    """`arrays` {name: numpy array} to `path` in `fmt` (not atomic by itself)."""
+    if fmt == "safetensors":
+        from safetensors.numpy import save_file
+
+        save_file({k: np.asarray(v, order="C") for k, v in arrays.items()}, path)  # keeps 0-d arrays 0-d
+    else:
+        import mindspore as ms
+
+        ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in arrays.items()], path)
+
+
+def read_tensors(path):
+    """{name: numpy array} from a .ckpt or .safetensors file."""
+    if path.endswith(".safetensors"):
+        from safetensors.numpy import load_file
+
+        return load_file(path)
     import mindspore as ms
 
+    return {k: v.asnumpy() for k, v in ms.load_checkpoint(path).items()}
+
+
+def save(directory, step, arrays, meta, fmt="ckpt", keep_last=None):
+    """Write `arrays` ({name: numpy array}) and `meta` (JSON-able) as checkpoint `step`; returns its path."""
     os.makedirs(directory, exist_ok=True)
     name = f"step_{step:08d}"
-    final = os.path.join(directory, name + ".ckpt")
-    tmp = os.path.join(directory, f".tmp-{name}.ckpt")
-    ms.save_checkpoint([{"name": k, "data": v} for k, v in tensors.items()], tmp)
-    with open(tmp, "rb+") as f:
-        os.fsync(f.fileno())
+    final = os.path.join(directory, name + EXTENSIONS[fmt])
+    tmp = os.path.join(directory, f".tmp-{name}{EXTENSIONS[fmt]}")
+    write_tensors(tmp, arrays, fmt)
+    _fsync_file(tmp)
     os.replace(tmp, final)
-    manifest = dict(meta, step=step, file=name + ".ckpt", bytes=os.path.getsize(final), sha256=sha256_file(final))
-    _atomic_write_bytes(os.path.join(directory, name + ".json"), json.dumps(manifest, indent=1).encode())
-    _atomic_write_bytes(os.path.join(directory, "latest"), name.encode())
+    manifest = dict(meta, step=step, file=os.path.basename(final), format=fmt, bytes=os.path.getsize(final),
+                    sha256=sha256_file(final))
+    atomic_write_bytes(os.path.join(directory, name + ".json"), json.dumps(manifest, indent=1).encode())
+    atomic_write_bytes(os.path.join(directory, "latest"), name.encode())
     _fsync_dir(directory)
     if keep_last:
         prune(directory, keep_last)
@@ -72,14 +102,14 @@ def list_checkpoints(directory):
     """Step numbers of the checkpoints in `directory` (complete or not), newest first."""
     if not os.path.isdir(directory):
         return []
-    steps = [int(m.group(1)) for m in map(STEP_RE.match, os.listdir(directory)) if m]
+    steps = {int(m.group(1)) for m in map(STEP_RE.match, os.listdir(directory)) if m}
+    steps |= {int(f[5:-5]) for f in os.listdir(directory) if re.match(r"^step_\d+\.json$", f)}
     return sorted(steps, reverse=True)
 
 
 def verify(directory, step):
     """(manifest, None) when checkpoint `step` is complete and intact, else (None, reason)."""
-    name = f"step_{step:08d}"
-    ckpt, man = os.path.join(directory, name + ".ckpt"), os.path.join(directory, name + ".json")
+    man = os.path.join(directory, f"step_{step:08d}.json")
     if not os.path.isfile(man):
         return None, "no manifest (the save did not finish)"
     try:
@@ -87,12 +117,13 @@ def verify(directory, step):
             manifest = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         return None, f"unreadable manifest ({e})"
-    if not os.path.isfile(ckpt):
+    path = os.path.join(directory, manifest.get("file", ""))
+    if not os.path.isfile(path):
         return None, "tensor file missing"
-    size = os.path.getsize(ckpt)
+    size = os.path.getsize(path)
     if size != manifest.get("bytes"):
-        return None, f"size {size} bytes, manifest says {manifest.get('bytes')} (truncated?)"
-    if sha256_file(ckpt) != manifest.get("sha256"):
+        return None, f"{size} bytes, manifest says {manifest.get('bytes')} (truncated?)"
+    if sha256_file(path) != manifest.get("sha256"):
         return None, "SHA-256 mismatch (corrupted)"
     return manifest, None
 
@@ -103,21 +134,32 @@ def newest_valid(directory, warn=print):
         manifest, why = verify(directory, step)
         if manifest is not None:
             return step, manifest
-        warn(f"checkpoint {os.path.join(directory, f'step_{step:08d}.ckpt')} is unusable: {why}; trying the previous one")
+        warn(f"warning: checkpoint step {step} in {directory} is unusable ({why}); falling back to the previous one")
     return None, None
 
 
-def load_tensors(directory, step):
-    import mindspore as ms
-
-    return ms.load_checkpoint(os.path.join(directory, f"step_{step:08d}.ckpt"))
+def checkpoint_path(directory, manifest):
+    return os.path.join(directory, manifest["file"])
 
 
 def prune(directory, keep_last):
-    complete = [s for s in list_checkpoints(directory) if os.path.isfile(os.path.join(directory, f"step_{s:08d}.json"))]
+    """Delete all but the newest `keep_last` complete checkpoints (incomplete newer ones are left alone)."""
+    complete = [s for s in list_checkpoints(directory) if verify_quick(directory, s)]
     for step in complete[keep_last:]:
-        for ext in (".ckpt", ".json"):
-            try:
-                os.remove(os.path.join(directory, f"step_{step:08d}{ext}"))
-            except FileNotFoundError:
-                pass
+        for f in os.listdir(directory):
+            if f.startswith(f"step_{step:08d}."):
+                try:
+                    os.remove(os.path.join(directory, f))
+                except FileNotFoundError:
+                    pass
+
+
+def verify_quick(directory, step):
+    """A manifest and a tensor file of the recorded size exist (no checksum: used for pruning order)."""
+    man = os.path.join(directory, f"step_{step:08d}.json")
+    try:
+        with open(man, encoding="utf-8") as f:
+            m = json.load(f)
+        return os.path.getsize(os.path.join(directory, m["file"])) == m["bytes"]
+    except (OSError, ValueError, KeyError):
+        return False

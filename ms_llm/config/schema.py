@@ -56,6 +56,8 @@ class TrainConfig:
     micro_batch_size: int = opt(12, "samples per forward/backward on one rank; "
                                     "accumulation steps = global / (micro * data_parallel)")
     max_steps: int = opt(2000, "optimizer steps")
+    stop_at_step: Optional[int] = opt(None, "end this process after this step with a checkpoint, as a preemption "
+                                            "would (time-boxed jobs; resume later with --resume)")
     lr: float = opt(1e-3, "peak learning rate")
     min_lr: float = opt(1e-4, "final learning rate of the decay")
     warmup_steps: int = opt(100, "linear warmup from 0 to lr")
@@ -103,8 +105,16 @@ class RecomputeConfig:
 @dataclass
 class CheckpointConfig:
     save_interval: int = opt(0, "steps between checkpoints (0: only the final one)")
-    auto_resume: bool = opt(False, "resume from the newest valid checkpoint in the run directory")
+    auto_resume: bool = opt(False, "resume from the newest valid checkpoint in the run directory (or, when "
+                                   "that is empty, in remote_dir)")
     keep_last: int = opt(3, "checkpoints kept per rank (older ones pruned after a save completes)")
+    format: str = opt("ckpt", "tensor file format", choices=("ckpt", "safetensors"))
+    async_save: bool = opt(False, "write checkpoints in a background thread (training continues meanwhile)")
+    remote_dir: Optional[str] = opt(None, "obs://, s3:// or a directory: every completed checkpoint and the run's "
+                                          "metrics are copied there")
+    uploader: Optional[str] = opt(None, "'package.module:Class' with put/get/listdir, for other remote stores")
+    load_weights: Optional[str] = opt(None, "initialise the model from this checkpoint's weights (e.g. one "
+                                            "converted from Hugging Face); optimizer starts fresh")
 
 
 @dataclass

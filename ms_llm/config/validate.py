@@ -76,6 +76,8 @@ def validate_config(cfg):
     if p.init_scale <= 0 or p.scale_factor <= 1:
         raise UserError(f"precision.init_scale = {p.init_scale} must be > 0 and precision.scale_factor = "
                         f"{p.scale_factor} must be > 1.")
+    if t.stop_at_step is not None and not 0 < t.stop_at_step <= t.max_steps:
+        raise UserError(f"train.stop_at_step = {t.stop_at_step} must be between 1 and train.max_steps = {t.max_steps}.")
     prof = cfg.monitor.profile
     if prof is not None and not 0 <= prof.start_step < prof.stop_step:
         raise UserError(f"monitor.profile: start_step = {prof.start_step}, stop_step = {prof.stop_step}: need "

@@ -72,13 +72,16 @@ class TrainBatches:
         self.micro_batch, self.dp, self.num_workers = micro_batch, dp, num_workers
         self.width = (seq_length or manifest["seq_length"]) + 1
         self.stream = RankStream(self.num_samples, dp, rank, seed, shuffle)
-        if consumed % dp:
-            raise ValueError(f"consumed={consumed} is not a multiple of data_parallel={dp}")
-        self.q = consumed // dp  # this rank's stream position
         self.chunk = min(MAX_CHUNK, max(1, self.num_samples // (dp * micro_batch)) * micro_batch)
-        self._it = None
-        self._left = 0
         self.wait_s = 0.0  # time spent waiting for data, reset by the reader of it
+        self.seek(consumed)  # this rank's stream position
+
+    def seek(self, consumed):
+        """Continue at global sample `consumed` (a multiple of data_parallel), e.g. a checkpoint's position."""
+        if consumed % self.dp:
+            raise ValueError(f"consumed={consumed} is not a multiple of data_parallel={self.dp}")
+        self.q = consumed // self.dp
+        self._it, self._left = None, 0
 
     @property
     def consumed(self):

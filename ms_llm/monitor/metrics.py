@@ -10,6 +10,8 @@ def format_line(r, max_steps):
     """`step 200/2000 | loss 2.4312 | lr 9.80e-04 | ... | data 2%` from a metrics record."""
     if "val_loss" in r:
         return f"step {r['step']}/{max_steps} | val_loss {r['val_loss']:.4f} | {r['val_tokens']:,} tokens"
+    if "event" in r:
+        return f"step {r['step']}/{max_steps} | " + " | ".join(f"{k} {v}" for k, v in r.items() if k != "step")
     parts = [f"step {r['step']}/{max_steps}", f"loss {r['loss']:.4f}", f"lr {r['lr']:.2e}",
              f"grad_norm {r['grad_norm']:.3f}", f"scale {r['loss_scale']:g}", f"skipped {r['skipped']}",
              f"{r['tokens_per_s']:,.0f} tok/s", f"mfu {100 * r['mfu']:.1f}%", f"mem {r['mem_gib']:.2f} GiB",

@@ -43,7 +43,7 @@ class Session:
         return self.step_fn(next(self.data))
 
 
-def open_session(cfg, echo=print, preflight=None, consumed_samples=0, purpose="train"):
+def open_session(cfg, echo=print, preflight=None, purpose="train"):
     """Check, then build. `preflight(rt, log)` runs after the runtime is known and before any data is touched."""
     rt = setup_context(cfg.context)
     log = echo if rt.is_main else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
@@ -80,7 +80,7 @@ def open_session(cfg, echo=print, preflight=None, consumed_samples=0, purpose="t
     model.set_train(True)
     dp = cfg.parallel_config.data_parallel
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", t.micro_batch_size, dp, rt.rank, t.seed,
-                        m.seq_length, consumed=consumed_samples, num_workers=cfg.data.num_workers)
+                        m.seq_length, num_workers=cfg.data.num_workers)
     val = eval_batches(cfg.data.dataset_dir, manifest, t.micro_batch_size, t.eval_steps, dp, rt.rank, m.seq_length,
                        cfg.data.num_workers, accum)
     n_params = count_params(model)

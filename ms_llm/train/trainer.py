@@ -1,118 +1,281 @@
 """The training loop: config → checks → data → model → compiled step → logs, evals, checkpoints.
 
-Read top to bottom: `run()` is the whole story; helpers below it do one thing each.
+Read `run()` top to bottom: it is the whole story; the helpers below it do one thing each.
 """
+import json
 import os
 import time
 
 import numpy as np
 
+from ms_llm.checkpoint import state as ckpt_state
+from ms_llm.checkpoint import store
+from ms_llm.checkpoint.saver import CheckpointSaver
 from ms_llm.config import save_config
 from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
 from ms_llm.train import run_dir as rd
-from ms_llm.train.context import rank0_int
+from ms_llm.train.context import all_ranks_ok, rank0_int
 from ms_llm.train.evaluate import evaluate
+from ms_llm.train.preemption import Preemption
 from ms_llm.train.session import agree, open_session
 
 
-def run(cfg, run_dir=None, resume=False, config_path=None, echo=print):
-    """Train as `cfg` says. Returns a summary dict (final val loss, steps, timings) on every rank."""
-    dirs = {}
+def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_only=False):
+    """Train as `cfg` says (resuming `run_dir` when asked). Returns a summary dict on every rank."""
+    plan = {}
 
     def preflight(rt, log):
-        dirs["run"] = run_dir or default_run_dir_all_ranks(rt, config_path)
-        agree(rt, lambda: rd.check_run_dir(dirs["run"], resume))
-        if resume:
-            raise UserError("--resume is not available yet in this version: checkpoints are written but cannot be "
-                            "resumed from. Start a new run with a new --run-dir.")
+        plan["run_dir"] = run_dir or default_run_dir_all_ranks(rt, config_path)
+        if cfg.checkpoint.remote_dir:
+            agree(rt, lambda: check_remote(cfg.checkpoint))
+        plan["resume"] = resume or (cfg.checkpoint.auto_resume and has_checkpoints(plan["run_dir"], rt, cfg, log))
+        agree(rt, lambda: rd.check_run_dir(plan["run_dir"], plan["resume"]))
+        if plan["resume"]:
+            agree(rt, lambda: plan.update(checkpoint=find_checkpoint(plan["run_dir"], rt.rank, log)))
 
+    start = plan_start = 0  # the step this process starts at (0, or the resumed checkpoint's)
     s = open_session(cfg, echo, preflight)
-    rt, log, model, step_fn, data, val = s.rt, s.log, s.model, s.step_fn, s.data, s.val
-    run_dir, t, m = dirs["run"], cfg.train, cfg.model
+    rt, log, t = s.rt, s.log, cfg.train
+    run_dir = plan["run_dir"]
+    host = {"skipped": 0, "pending": []}
+    if plan["resume"]:
+        start, host = resume_from(s, plan["checkpoint"], weights_only, log)
+        plan_start = start
+    elif cfg.checkpoint.load_weights:
+        load_initial_weights(s, cfg.checkpoint.load_weights, log)
     if rt.is_main:
         rd.create_run_dir(run_dir)
-        save_config(cfg, os.path.join(run_dir, "config.yaml"))
-        rd.write_json(os.path.join(run_dir, "run_info.json"), rd.run_info(rt, cfg, {"run_dir": os.path.abspath(run_dir)}))
-    log(f"run directory: {run_dir}")
+        if plan["resume"]:
+            keep_metrics_until(run_dir, start)
+        name = f"config.resume_{start}.yaml" if plan["resume"] else "config.yaml"
+        save_config(cfg, os.path.join(run_dir, name))
+        info = os.path.join(run_dir, "run_info.json")
+        if not os.path.isfile(info):
+            rd.write_json(info, rd.run_info(rt, cfg, {"run_dir": os.path.abspath(run_dir)}))
+    log(f"run directory: {run_dir}" + (f" (resuming at step {start})" if plan["resume"] else ""))
     from ms_llm.train.lr_schedule import lr_at
 
-    n_params, flops_tok, peak, tokens_per_step = s.n_params, s.flops_per_token, s.peak_flops, s.tokens_per_step
+    saver = CheckpointSaver(run_dir, 0, cfg.checkpoint, log)  # data-parallel replicas: rank 0's copy is the run's
     writer = MetricsWriter(run_dir, rt.rank, t.max_steps, cfg.monitor.summary, echo=log)
-    bar = progress_bar(t.max_steps, cfg.monitor.progress_bar and rt.is_main)
-    if bar is not None and rt.is_main:
+    bar = progress_bar(t.max_steps, start, cfg.monitor.progress_bar and rt.is_main)
+    if bar is not None:
         writer.echo = bar.write
+    profiler = make_profiler(cfg, rt, run_dir, t, log)
 
-    profiler = None
-    if cfg.monitor.profile is not None:
-        from ms_llm.monitor.profile import ProfileWindow
+    def save(step):
+        if rt.is_main:
+            host_state = {"skipped": host["skipped"], "pending": [as_floats(o) for o in host["pending"]]}
+            saver.save(step, ckpt_state.capture(s), ckpt_state.describe(s, step, host_state))
 
-        p = cfg.monitor.profile
-        out = p.output_dir or os.path.join(run_dir, "profile", f"rank_{rt.rank}")
-        profiler = ProfileWindow(p.start_step, min(p.stop_step, t.max_steps), out, rt.device_target, log)
-
-    pending, skipped, compile_s, val_loss = [], 0, None, None
-    interval_start, paused, data.wait_s = time.perf_counter(), 0.0, 0.0
-    try:
-        for step in range(t.max_steps):
-            if profiler is not None:
-                profiler.before_step(step)
-            t0 = time.perf_counter()
-            pending.append(s.train_step())
-            if compile_s is None:  # the first call compiles the graph: keep it out of the throughput figures
-                pending[-1][0].asnumpy()
-                compile_s = time.perf_counter() - t0
-                log(f"compiled the training step in {compile_s:.1f} s")
-                interval_start, paused, data.wait_s = time.perf_counter(), 0.0, 0.0
-            done = step + 1
-            if profiler is not None:
-                profiler.after_step(done)
-            if done % t.log_interval == 0 or done == t.max_steps:
-                record, n_skipped = interval_record(pending, done, lr_at(step, t))
-                skipped += n_skipped
-                elapsed = time.perf_counter() - interval_start - paused  # evals and saves excluded
-                steps_timed = len(pending) - (1 if done == len(pending) else 0)
-                tok_s = tokens_per_step * steps_timed / elapsed if elapsed > 0 and steps_timed else 0.0
-                record.update(skipped=skipped, tokens_per_s=tok_s,
-                              mfu=flops_tok * tok_s / rt.world_size / peak, mem_gib=memory_gib(rt.device_target),
-                              data_wait_frac=min(1.0, data.wait_s / elapsed) if elapsed > 0 else 0.0)
-                if done == len(pending):
-                    record["compile_s"] = compile_s
-                writer.write(record)
-                pending, interval_start, paused, data.wait_s = [], time.perf_counter(), 0.0, 0.0
-            t_pause = time.perf_counter()
-            if t.eval_interval and done % t.eval_interval == 0 and done != t.max_steps:
-                val_loss = run_eval(model, s.eval_step, val, rt, done, m.seq_length, writer)
-            if cfg.checkpoint.save_interval and done % cfg.checkpoint.save_interval == 0 and done != t.max_steps:
-                save_checkpoint(run_dir, rt, model, step_fn, done, data, cfg)
-            paused += time.perf_counter() - t_pause
+    pending, compile_s, val_loss, preempted, timed = host["pending"], None, None, None, 0
+    interval_start, paused, s.data.wait_s = time.perf_counter(), 0.0, 0.0
+    with Preemption(log) as preemption:
+        try:
+            for step in range(start, t.max_steps):
+                if profiler is not None:
+                    profiler.before_step(step)
+                t0 = time.perf_counter()
+                pending.append(s.train_step())
+                if compile_s is None:  # the first call compiles the graph: keep it out of the throughput figures
+                    pending[-1][0].asnumpy()
+                    compile_s = time.perf_counter() - t0
+                    log(f"compiled the training step in {compile_s:.1f} s")
+                    interval_start, paused, s.data.wait_s = time.perf_counter(), 0.0, 0.0
+                else:
+                    timed += 1
+                done = step + 1
+                if profiler is not None:
+                    profiler.after_step(done)
+                if done % t.log_interval == 0 or done == t.max_steps:
+                    record, n_skipped = interval_record(pending, done, lr_at(step, t))
+                    host["skipped"] += n_skipped
+                    elapsed = time.perf_counter() - interval_start - paused  # evals and saves excluded
+                    tok_s = s.tokens_per_step * timed / elapsed if elapsed > 0 and timed else 0.0
+                    record.update(skipped=host["skipped"], tokens_per_s=tok_s,
+                                  mfu=s.flops_per_token * tok_s / rt.world_size / s.peak_flops,
+                                  mem_gib=memory_gib(rt.device_target),
+                                  data_wait_frac=min(1.0, s.data.wait_s / elapsed) if elapsed > 0 else 0.0)
+                    if done - plan_start <= t.log_interval:
+                        record["compile_s"] = compile_s
+                    writer.write(record)
+                    pending.clear()
+                    interval_start, paused, s.data.wait_s, timed = time.perf_counter(), 0.0, 0.0, 0
+                t_pause = time.perf_counter()
+                if t.eval_interval and done % t.eval_interval == 0 and done != t.max_steps:
+                    val_loss = run_eval(s, done, writer)
+                stop = preemption_agreed(rt, preemption) or done == t.stop_at_step
+                if stop or (cfg.checkpoint.save_interval and done % cfg.checkpoint.save_interval == 0
+                            and done != t.max_steps):
+                    save(done)
+                paused += time.perf_counter() - t_pause
+                if bar is not None:
+                    bar.update(1)
+                if stop:
+                    preempted = done
+                    writer.write({"step": done, "event": "preempted" if preemption.requested else "stop_at_step",
+                                  "signal": preemption.signum or 0})
+                    log(f"stopped at step {done} ({'signal' if preemption.requested else 'train.stop_at_step'}); "
+                        f"checkpoint saved. Resume with --resume (or checkpoint.auto_resume: true).")
+                    break
+            if preempted is None:
+                val_loss = run_eval(s, t.max_steps, writer)
+                save(t.max_steps)
+            saver.close()
+            saver.upload()
+        finally:
+            if profiler is not None and profiler.profiler is not None:
+                profiler.finish(0)
             if bar is not None:
-                bar.update(1)
-        val_loss = run_eval(model, s.eval_step, val, rt, t.max_steps, m.seq_length, writer)
-        path = save_checkpoint(run_dir, rt, model, step_fn, t.max_steps, data, cfg)
-    finally:
-        if profiler is not None and profiler.profiler is not None:
-            profiler.finish(0)
-        if bar is not None:
-            bar.close()
-        writer.close()
-    digest = param_digest(model, n_params)
+                bar.close()
+            writer.close()
+    return finish(s, run_dir, preempted or t.max_steps, val_loss, host["skipped"], compile_s, profiler, saver, log)
+
+
+def finish(s, run_dir, steps, val_loss, skipped, compile_s, profiler, saver, log):
+    rt = s.rt
+    digest = param_digest(s.model, s.n_params)
     if digest:
         log(f"parameter digest (rank {rt.rank}): {digest}")
-    summary = {"final_val_loss": val_loss, "param_digest": digest, "steps": t.max_steps, "skipped_steps": skipped, "compile_s": compile_s,
-               "peak_mem_gib": peak_memory_gib(rt.device_target), "run_dir": run_dir, "checkpoint": path,
-               "parameters": n_params}
+    summary = {"final_val_loss": val_loss, "param_digest": digest, "steps": steps, "skipped_steps": skipped,
+               "compile_s": compile_s, "peak_mem_gib": peak_memory_gib(rt.device_target), "run_dir": run_dir,
+               "checkpoint": saver.last_path, "parameters": s.n_params}
     if profiler is not None and profiler.table:
         summary["profile_top_ops"] = [{"op": op, "ms_per_step": ms_, "calls_per_step": c, "share": sh}
                                       for op, ms_, c, sh in profiler.table]
     if rt.is_main:
         info_path = os.path.join(run_dir, "run_info.json")
-        info = __import__("json").load(open(info_path))
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
         info["final"] = summary
         rd.write_json(info_path, info)
-    log(f"done: {t.max_steps} steps, final val_loss {val_loss:.4f}, checkpoint {path}")
+        saver.upload()
+    val = f"{val_loss:.4f}" if val_loss is not None else "n/a"
+    if steps == s.cfg.train.max_steps:
+        log(f"done: {steps} steps, final val_loss {val}, checkpoint {saver.last_path}")
+    else:
+        log(f"stopped after step {steps} of {s.cfg.train.max_steps}; last val_loss {val}; checkpoint {saver.last_path}")
     return summary
+
+
+# --- resuming -------------------------------------------------------------------------------------------
+
+def has_checkpoints(run_dir, rt, cfg, log):
+    """Local checkpoints exist, or remote ones were pulled into the (empty) local run dir."""
+    directory = store.rank_dir(run_dir, 0)
+    if store.list_checkpoints(directory):
+        return True
+    if cfg.checkpoint.remote_dir and rt.is_main:
+        from ms_llm.checkpoint import remote
+        from ms_llm.checkpoint.saver import pull_newest
+
+        up = remote.make_uploader(cfg.checkpoint.remote_dir, cfg.checkpoint.uploader)
+        remote.check_remote_readable(up, cfg.checkpoint.remote_dir)
+        pull_newest(cfg.checkpoint.remote_dir, up, run_dir, 0, log)
+    return all_ranks_ok(rt, bool(store.list_checkpoints(directory))) if rt.world_size > 1 else \
+        bool(store.list_checkpoints(directory))
+
+
+def check_remote(ckpt_cfg):
+    from ms_llm.checkpoint import remote
+
+    remote.check_remote_readable(remote.make_uploader(ckpt_cfg.remote_dir, ckpt_cfg.uploader), ckpt_cfg.remote_dir)
+
+
+def find_checkpoint(run_dir, rank, log):
+    directory = store.rank_dir(run_dir, 0)
+    step, manifest = store.newest_valid(directory, warn=log)
+    if step is None:
+        raise UserError(f"no usable checkpoint in {directory} to resume from. Nothing was changed; start a new run "
+                        f"with another --run-dir, or drop --resume.")
+    return store.checkpoint_path(directory, manifest), manifest
+
+
+def resume_from(s, checkpoint, weights_only, log):
+    path, manifest = checkpoint
+    changed = ckpt_state.check_compatible(s.cfg, manifest, path)
+    if changed:
+        log("note: resuming with changed settings: " + "; ".join(changed))
+    ckpt_state.restore(s, store.read_tensors(path), path, weights_only, warn=log)
+    step = manifest["step"]
+    if not weights_only:
+        ckpt_state.restore_host_rng(manifest)
+    s.data.seek(manifest["consumed_samples"])
+    if s.cfg.model.dropout > 0:
+        log("note: dropout > 0: masks after the resume differ from an uninterrupted run (MindSpore's CPU dropout "
+            "kernel state is not checkpointable); everything else continues exactly")
+    log(f"resumed from {path}: step {step}, {manifest['consumed_samples']:,} samples consumed "
+        f"(epoch {manifest['epoch']})")
+    host = manifest.get("host") or {}
+    return step, {"skipped": host.get("skipped", 0), "pending": [tuple(x) for x in host.get("pending", [])]}
+
+
+def load_initial_weights(s, path, log):
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint.load_weights = '{path}' does not exist. Give a .ckpt or .safetensors file "
+                        f"(e.g. from `ms-llm convert`).")
+    try:
+        arrays = store.read_tensors(path)
+    except Exception as e:
+        raise UserError(f"checkpoint.load_weights = '{path}' cannot be read ({type(e).__name__}): not a MindSpore "
+                        f"or safetensors checkpoint, or truncated.") from None
+    ckpt_state.restore(s, arrays, path, weights_only=True, warn=lambda *_: None)
+    log(f"initialised model weights from {path}")
+
+
+def keep_metrics_until(run_dir, step):
+    """Records after the resumed checkpoint are superseded by the rerun: set them aside, keep the rest."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        return
+    keep, drop = [], []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                (keep if json.loads(line).get("step", 0) <= step else drop).append(line)
+            except json.JSONDecodeError:  # a line cut by a crash mid-write
+                drop.append(line)
+    if drop:
+        with open(os.path.join(run_dir, "metrics.superseded.jsonl"), "a", encoding="utf-8") as f:
+            f.writelines(drop)
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)
+
+
+# --- per-step helpers ------------------------------------------------------------------------------------
+
+def preemption_agreed(rt, preemption):
+    """All ranks stop at the same step: a signal seen by any rank stops every rank."""
+    if rt.world_size == 1:
+        return preemption.requested
+    return not all_ranks_ok(rt, not preemption.requested)
+
+
+def as_floats(out):
+    return tuple(x if isinstance(x, float) else float(x.asnumpy()) for x in out)
+
+
+def interval_record(pending, step, lr):
+    """Reduce the step outputs of one log interval to a record (the only host sync in the interval)."""
+    rows = [as_floats(o) for o in pending]
+    losses = [r[0] for r in rows]
+    clean = [r[1] for r in rows if not r[2]]
+    n_overflow = int(sum(bool(r[2]) for r in rows))
+    record = {"step": step, "loss": float(np.mean(losses)), "lr": lr,
+              "grad_norm": float(np.mean(clean)) if clean else float("nan"), "loss_scale": rows[-1][3],
+              "skipped_interval": n_overflow}
+    return record, n_overflow
+
+
+def run_eval(s, step, writer):
+    val_loss = evaluate(s.model, s.eval_step, s.val, s.rt)
+    writer.write({"step": step, "val_loss": val_loss,
+                  "val_tokens": len(s.val) * int(s.val[0].shape[0]) * s.cfg.model.seq_length * s.rt.world_size
+                  if s.val else 0})
+    return val_loss
 
 
 def param_digest(model, n_params, limit=200_000_000):
@@ -129,48 +292,14 @@ def param_digest(model, n_params, limit=200_000_000):
     return h.hexdigest()[:16]
 
 
-def interval_record(pending, step, lr):
-    """Reduce the step outputs of one log interval to a record (the only host sync in the interval)."""
-    losses, norms, overflow, scale = [], [], [], None
-    for loss, grad_norm, ovf, sc in pending:
-        losses.append(float(loss.asnumpy()))
-        norms.append(float(grad_norm.asnumpy()))
-        overflow.append(bool(ovf.asnumpy()))
-        scale = float(sc.asnumpy())
-    clean = [n for n, o in zip(norms, overflow) if not o]
-    record = {"step": step, "loss": float(np.mean(losses)), "lr": lr,
-              "grad_norm": float(np.mean(clean)) if clean else float("nan"), "loss_scale": scale,
-              "skipped_interval": int(sum(overflow))}
-    return record, int(sum(overflow))
+def make_profiler(cfg, rt, run_dir, t, log):
+    if cfg.monitor.profile is None:
+        return None
+    from ms_llm.monitor.profile import ProfileWindow
 
-
-def run_eval(model, eval_step, batches, rt, step, seq_length, writer):
-    val_loss = evaluate(model, eval_step, batches, rt)
-    writer.write({"step": step, "val_loss": val_loss,
-                  "val_tokens": len(batches) * int(batches[0].shape[0]) * seq_length * rt.world_size if batches else 0})
-    return val_loss
-
-
-def checkpoint_tensors(model, step_fn):
-    tensors = dict(model.parameters_and_names())
-    opt = step_fn.optimizer
-    for p, m_, v in zip(opt.params, opt.exp_avg, opt.exp_avg_sq):
-        tensors[m_.name], tensors[v.name] = m_, v
-    st = step_fn.state
-    for p in (opt.step, st.loss_scale, st.good_steps, st.global_step):
-        tensors[p.name] = p
-    return tensors
-
-
-def save_checkpoint(run_dir, rt, model, step_fn, step, data, cfg):
-    """Data-parallel ranks hold identical state: rank 0 alone writes it."""
-    from ms_llm.checkpoint import store
-
-    directory = store.rank_dir(run_dir, 0)
-    if rt.is_main:
-        meta = {"consumed_samples": data.consumed, "epoch": data.epoch, "world_size": rt.world_size}
-        store.save(directory, step, checkpoint_tensors(model, step_fn), meta, cfg.checkpoint.keep_last)
-    return os.path.join(directory, f"step_{step:08d}.ckpt")
+    p = cfg.monitor.profile
+    out = p.output_dir or os.path.join(run_dir, "profile", f"rank_{rt.rank}")
+    return ProfileWindow(p.start_step, min(p.stop_step, t.max_steps), out, rt.device_target, log)
 
 
 def default_run_dir_all_ranks(rt, config_path):
@@ -182,9 +311,9 @@ def default_run_dir_all_ranks(rt, config_path):
     return os.path.join("runs", f"{stem}-{datetime.datetime.fromtimestamp(stamp):%Y%m%d-%H%M%S}")
 
 
-def progress_bar(total, enabled):
+def progress_bar(total, start, enabled):
     if not enabled:
         return None
     from tqdm import tqdm
 
-    return tqdm(total=total, unit="step", dynamic_ncols=True, disable=None, leave=False)
+    return tqdm(total=total, initial=start, unit="step", dynamic_ncols=True, disable=None, leave=False)

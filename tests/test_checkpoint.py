@@ -1,0 +1,206 @@
+"""Checkpoints that never lose work: exact resume, crash safety, preemption, remote copies, bad input."""
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, ms_llm, tiny_train_args
+from ms_llm.checkpoint import store
+
+RUN = ["--set", "train.max_steps=60", "--set", "checkpoint.save_interval=10", "--set", "train.eval_interval=20"]
+
+
+def losses(run_dir):
+    recs = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
+    return [(r["step"], r["loss"]) for r in recs if "loss" in r], [(r["step"], r["val_loss"]) for r in recs
+                                                                    if "val_loss" in r]
+
+
+def digest(stdout):
+    return re.search(r"parameter digest \(rank 0\): (\w+)", stdout).group(1)
+
+
+def final_tensors(run_dir):
+    directory = store.rank_dir(str(run_dir), 0)
+    step, manifest = store.newest_valid(directory)
+    return step, store.read_tensors(store.checkpoint_path(directory, manifest))
+
+
+def ok(proc):
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
+    return proc
+
+
+def refused(proc, *words):
+    assert proc.returncode == 2, proc.stdout[-1500:] + proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    for w in words:
+        assert w in proc.stderr, proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(dataset, tmp_path_factory):
+    run = tmp_path_factory.mktemp("ref") / "run"
+    proc = ok(ms_llm(*tiny_train_args(dataset, run, *RUN)))
+    return run, digest(proc.stdout)
+
+
+def test_stop_and_resume_is_bit_identical(dataset, uninterrupted, tmp_path):
+    ref, ref_digest = uninterrupted
+    run = tmp_path / "run"
+    first = ok(ms_llm(*tiny_train_args(dataset, run, *RUN, "--set", "train.stop_at_step=30")))
+    assert "stopped at step 30" in first.stdout
+    resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume"))
+    assert "resuming at step 30" in resumed.stdout
+    assert losses(run) == losses(ref)  # every logged loss and val loss, bit for bit
+    assert digest(resumed.stdout) == ref_digest
+    (s1, a), (s2, b) = final_tensors(ref), final_tensors(run)
+    assert s1 == s2 == 60 and a.keys() == b.keys()
+    assert all(np.array_equal(a[k], b[k]) for k in a)  # weights, moments, loss scale, counters
+
+
+def test_safetensors_format_and_async_save_resume_identically(dataset, uninterrupted, tmp_path):
+    ref, ref_digest = uninterrupted
+    run = tmp_path / "run"
+    extra = ["--set", "checkpoint.format=safetensors", "--set", "checkpoint.async_save=true",
+             "--set", "checkpoint.keep_last=3"]
+    ok(ms_llm(*tiny_train_args(dataset, run, *RUN, *extra, "--set", "train.stop_at_step=30")))
+    assert (run / "checkpoints" / "rank_0" / "step_00000030.safetensors").is_file()
+    resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN, *extra), "--resume"))
+    assert digest(resumed.stdout) == ref_digest and losses(run) == losses(ref)
+    assert len(store.list_checkpoints(store.rank_dir(str(run), 0))) == 3  # keep_last pruned the rest
+
+
+def test_truncated_newest_checkpoint_falls_back_with_one_line_warning(dataset, uninterrupted, tmp_path):
+    ref, ref_digest = uninterrupted
+    run = tmp_path / "run"
+    ok(ms_llm(*tiny_train_args(dataset, run, *RUN, "--set", "train.stop_at_step=30")))
+    newest = run / "checkpoints" / "rank_0" / "step_00000030.ckpt"
+    newest.write_bytes(newest.read_bytes()[:1000])
+    resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume"))
+    warnings = [l for l in (resumed.stdout + resumed.stderr).splitlines() if "unusable" in l]
+    assert len(warnings) == 1 and "step 30" in warnings[0] and "truncated" in warnings[0]
+    assert "resuming at step 20" in resumed.stdout
+    assert digest(resumed.stdout) == ref_digest
+
+
+def train_in_background(args, env=None):
+    full_env = dict(os.environ, GLOG_v="3", **(env or {}))
+    return subprocess.Popen([sys.executable, "-m", "ms_llm.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=full_env)
+
+
+def wait_for_step(run, step, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError("training ended early: " + proc.stderr.read()[-2000:])
+        try:
+            if any(json.loads(l).get("step", 0) >= step for l in open(run / "metrics.jsonl")):
+                return
+        except (FileNotFoundError, json.JSONDecodeError):
+            pass
+        time.sleep(0.05)
+    raise AssertionError(f"no step {step} within {timeout}s")
+
+
+def test_kill_9_then_auto_resume_ends_like_an_uninterrupted_run(dataset, tmp_path):
+    long = ["--set", "train.max_steps=400", "--set", "checkpoint.save_interval=10", "--set", "train.log_interval=10",
+            "--set", "train.eval_interval=0", "--set", "checkpoint.auto_resume=true"]
+    ref = tmp_path / "ref"
+    ok(ms_llm(*tiny_train_args(dataset, ref, *long)))
+    run = tmp_path / "run"
+    proc = train_in_background(tiny_train_args(dataset, run, *long))
+    wait_for_step(run, 30, proc)
+    time.sleep(random.uniform(0.0, 0.4))  # a random moment: mid-step, mid-save, mid-log
+    proc.kill()
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    again = ok(ms_llm(*tiny_train_args(dataset, run, *long)))  # same command: auto_resume picks it up
+    assert "resuming at step" in again.stdout
+    assert losses(run)[0][-1] == losses(ref)[0][-1]
+    assert losses(run)[1] == losses(ref)[1]  # the final validation loss too
+
+
+def test_sigterm_saves_and_exits_zero_quickly(dataset, tmp_path):
+    run = tmp_path / "run"
+    proc = train_in_background(tiny_train_args(dataset, run, "--set", "train.max_steps=100000",
+                                               "--set", "train.log_interval=5"))
+    wait_for_step(run, 5, proc)
+    t0 = time.time()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err[-2000:]
+    assert time.time() - t0 < 30
+    assert "received SIGTERM" in out + err
+    events = [json.loads(l) for l in open(run / "metrics.jsonl") if "event" in l]
+    assert events and events[-1]["event"] == "preempted"
+    step, manifest = store.newest_valid(store.rank_dir(str(run), 0))
+    assert step == events[-1]["step"] and manifest["consumed_samples"] == step * 8
+
+
+def test_second_signal_aborts_without_damaging_saved_checkpoints(dataset, tmp_path):
+    run = tmp_path / "run"
+    proc = train_in_background(tiny_train_args(dataset, run, "--set", "train.max_steps=100000",
+                                               "--set", "checkpoint.save_interval=5", "--set", "train.log_interval=5"))
+    wait_for_step(run, 10, proc)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    proc.communicate(timeout=30)
+    assert proc.returncode in (128 + signal.SIGINT, 0)  # 0 only if the save finished between the two signals
+    directory = store.rank_dir(str(run), 0)
+    for step in store.list_checkpoints(directory):
+        manifest, why = store.verify(directory, step)
+        assert manifest is not None or why.startswith("no manifest"), why  # complete, or never claimed complete
+
+
+def test_remote_copy_and_pull_into_an_empty_run_dir(dataset, uninterrupted, tmp_path):
+    ref, ref_digest = uninterrupted
+    remote = tmp_path / "bucket"
+    args = [*RUN, "--set", f"checkpoint.remote_dir={remote}", "--set", "checkpoint.auto_resume=true"]
+    ok(ms_llm(*tiny_train_args(dataset, tmp_path / "node1", *args, "--set", "train.stop_at_step=30")))
+    assert (remote / "checkpoints" / "rank_0" / "step_00000030.ckpt").is_file()
+    assert (remote / "metrics.jsonl").is_file() and (remote / "checkpoints" / "rank_0" / "latest").is_file()
+    # the job restarts on another machine: empty local run dir, same remote
+    again = ok(ms_llm(*tiny_train_args(dataset, tmp_path / "node2", *args)))
+    assert "pulled checkpoint step 30" in again.stdout and digest(again.stdout) == ref_digest
+    assert (remote / "checkpoints" / "rank_0" / "step_00000060.ckpt").is_file()
+
+
+def test_bad_checkpoint_inputs_exit_2_and_delete_nothing(dataset, uninterrupted, tmp_path):
+    ref, _ = uninterrupted
+    before = sorted(os.listdir(ref / "checkpoints" / "rank_0"))
+    refused(ms_llm(*tiny_train_args(dataset, ref, *RUN, "--set", "model.hidden_size=64"), "--resume"),
+            "different model", "model.hidden_size: checkpoint 32, now 64")
+    refused(ms_llm(*tiny_train_args(dataset, tmp_path / "nothing", *RUN), "--resume"), "nothing to resume")
+    refused(ms_llm(*tiny_train_args(dataset, tmp_path / "x", *RUN), "--weights-only"), "only applies with --resume")
+    refused(ms_llm(*tiny_train_args(dataset, tmp_path / "y", *RUN, "--set", "checkpoint.remote_dir=obs://bucket/run")),
+            "moxing")
+    refused(ms_llm(*tiny_train_args(dataset, tmp_path / "z", *RUN, "--set", "checkpoint.load_weights=/no/such.ckpt")),
+            "does not exist")
+    assert sorted(os.listdir(ref / "checkpoints" / "rank_0")) == before
+    for d in ("nothing", "x", "y", "z"):
+        assert not (tmp_path / d).exists()
+
+
+def test_weights_only_resume_of_a_checkpoint_without_optimizer_state(dataset, tmp_path):
+    run = tmp_path / "run"
+    ok(ms_llm(*tiny_train_args(dataset, run, *RUN, "--set", "train.stop_at_step=20")))
+    directory = store.rank_dir(str(run), 0)
+    _, arrays = final_tensors(run)
+    weights = {k: v for k, v in arrays.items() if not k.startswith(("adam_", "loss_scale", "good_steps",
+                                                                     "global_step", "rng_state"))}
+    with open(os.path.join(directory, "step_00000020.json")) as f:
+        meta = json.load(f)
+    store.save(directory, 20, weights, {k: meta[k] for k in ("consumed_samples", "epoch", "config", "host")})
+    refused(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume"), "no optimizer", "--weights-only")
+    resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume", "--weights-only"))
+    assert "optimizer state, loss scale and step counters start fresh" in resumed.stdout
