@@ -1,6 +1,7 @@
 """`ms-llm <command>`: the command-line entry point. Each command parses its arguments and calls one
 function of the framework; a `UserError` becomes one paragraph on stderr and exit code 2."""
 import argparse
+import os
 import sys
 
 from ms_llm.errors import UserError
@@ -82,6 +83,22 @@ def cmd_benchmark(args):
     benchmark(load_config(args.config, overrides), args.steps, args.warmup, args.json)
 
 
+def cmd_convert(args):
+    from ms_llm.checkpoint import convert_hf
+
+    if bool(args.from_hf) == bool(args.to_hf):
+        raise UserError("convert needs exactly one of --from-hf HF_DIR or --to-hf CHECKPOINT.")
+    if args.from_hf:
+        if not os.path.isdir(args.from_hf):
+            raise UserError(f"--from-hf '{args.from_hf}' is not a folder. Give a Hugging Face model folder.")
+        convert_hf.from_hf(args.from_hf, args.output, args.format)
+    else:
+        if not os.path.isfile(args.to_hf):
+            raise UserError(f"--to-hf '{args.to_hf}' does not exist. Give a checkpoint file (.ckpt/.safetensors).")
+        config = args.config or os.path.join(os.path.dirname(os.path.abspath(args.to_hf)), "config.yaml")
+        convert_hf.to_hf(args.to_hf, config, args.output)
+
+
 def build_parser():
     parser = ArgumentParser(prog="ms-llm", description="Train, debug and tune LLMs with MindSpore.")
     sub = parser.add_subparsers(dest="command", metavar="command", parser_class=ArgumentParser)
@@ -110,6 +127,14 @@ def build_parser():
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after compilation (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=cmd_benchmark)
+
+    p = sub.add_parser("convert", help="Hugging Face GPT-2/Llama safetensors <-> ms_llm checkpoint + config")
+    p.add_argument("--from-hf", metavar="HF_DIR", help="a Hugging Face model folder (config.json + *.safetensors)")
+    p.add_argument("--to-hf", metavar="CHECKPOINT", help="an ms_llm .ckpt/.safetensors file (weights)")
+    p.add_argument("--config", help="with --to-hf: the model's config.yaml (default: next to the checkpoint)")
+    p.add_argument("--output", required=True, help="folder to write")
+    p.add_argument("--format", choices=("ckpt", "safetensors"), default="ckpt", help="with --from-hf")
+    p.set_defaults(func=cmd_convert)
 
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--run-dir", required=True)

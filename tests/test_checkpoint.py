@@ -204,3 +204,34 @@ def test_weights_only_resume_of_a_checkpoint_without_optimizer_state(dataset, tm
     refused(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume"), "no optimizer", "--weights-only")
     resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume", "--weights-only"))
     assert "optimizer state, loss scale and step counters start fresh" in resumed.stdout
+
+
+def test_modelarts_data_url_and_train_url(dataset, tmp_path):
+    """train.py as ModelArts starts it: dataset copied in, results copied out, restart continues."""
+    obs = tmp_path / "obs"
+    env = {"MS_LLM_MODELARTS_CACHE": str(tmp_path / "cache")}
+    import shutil
+    shutil.copytree(dataset, obs / "dataset")
+    args = tiny_train_args(dataset, "unused", *RUN)[1:]
+    i = args.index(f"data.dataset_dir={dataset}")
+    del args[i - 1:i + 1]  # the dataset comes from --data_url instead
+    i = args.index("--run-dir")
+    del args[i:i + 2]  # and the run directory is ModelArts' local cache
+    cmd = [sys.executable, os.path.join(ROOT, "train.py"), f"--data_url={obs / 'dataset'}",
+           f"--train_url={obs / 'output'}", *args, "--set", "train.stop_at_step=30"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, GLOG_v="3", **env))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (tmp_path / "cache" / "data" / "manifest.json").is_file()
+    assert (obs / "output" / "checkpoints" / "rank_0" / "step_00000030.ckpt").is_file()
+    shutil.rmtree(tmp_path / "cache")  # the restarted job lands on a fresh machine
+    proc = subprocess.run(cmd[:-2], cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, GLOG_v="3", **env))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "pulled checkpoint step 30" in proc.stdout and "resuming at step 30" in proc.stdout
+    assert (obs / "output" / "checkpoints" / "rank_0" / "step_00000060.ckpt").is_file()
+
+
+def test_remote_urls_are_printed_without_credentials():
+    from ms_llm.checkpoint.remote import redact
+
+    assert redact("obs://AKID123:SECRET@bucket/run?Signature=abc&Expires=1") == "obs://***@bucket/run?***"
+    assert redact("s3://bucket/run") == "s3://bucket/run"

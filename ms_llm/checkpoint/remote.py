@@ -54,6 +54,9 @@ class LocalUploader:
         d = self._path(remote_dir)
         return sorted(os.listdir(d)) if os.path.isdir(d) else []
 
+    def get_dir(self, remote_dir, local_dir):
+        shutil.copytree(self._path(remote_dir), local_dir, dirs_exist_ok=True)
+
 
 class MoxingUploader:
     """OBS through ModelArts' moxing (present in ModelArts images)."""
@@ -72,6 +75,9 @@ class MoxingUploader:
 
     def listdir(self, remote_dir):
         return sorted(self.mox.file.list_directory(remote_dir)) if self.mox.file.exists(remote_dir) else []
+
+    def get_dir(self, remote_dir, local_dir):
+        self.mox.file.copy_parallel(remote_dir, local_dir)
 
 
 def make_uploader(remote_dir, spec=None):

@@ -14,19 +14,37 @@ from ms_llm.train.session import open_session
 
 
 def run_benchmark(cfg, steps=50, warmup=5, echo=print):
+    """With checkpoint.save_interval > 0, checkpoints are written (to a temporary run dir) inside the
+    timed steps, so `ms_per_step_mean` shows their cost (compare with a run without, or async_save)."""
     s = open_session(cfg, echo)
+    saver, tmp = None, None
+    if cfg.checkpoint.save_interval:
+        import tempfile
+
+        from ms_llm.checkpoint import state as ckpt_state
+        from ms_llm.checkpoint.saver import CheckpointSaver
+
+        tmp = tempfile.TemporaryDirectory(prefix="ms_llm_bench_")
+        saver = CheckpointSaver(tmp.name, 0, cfg.checkpoint, echo)
     t0 = time.perf_counter()
     s.train_step()[0].asnumpy()
     compile_s = time.perf_counter() - t0
     for _ in range(warmup):
         s.train_step()[0].asnumpy()
-    times, waits = [], []
-    for _ in range(steps):
+    times, waits, save_s = [], [], 0.0
+    for i in range(steps):
         w0 = s.data.wait_s
         t0 = time.perf_counter()
         s.train_step()[0].asnumpy()
+        if saver is not None and (i + 1) % cfg.checkpoint.save_interval == 0:
+            t1 = time.perf_counter()
+            saver.save(i + 1, ckpt_state.capture(s), ckpt_state.describe(s, i + 1, {}))
+            save_s += time.perf_counter() - t1
         times.append(time.perf_counter() - t0)
         waits.append(s.data.wait_s - w0)
+    if saver is not None:
+        saver.close()
+        tmp.cleanup()
     times = np.array(times)
     median = float(np.median(times))
     tokens_per_s = s.tokens_per_step / median
@@ -42,6 +60,7 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
         "peak_tflops": s.peak_flops / 1e12,
         "peak_mem_gib": peak_memory_gib(s.rt.device_target),
         "data_wait_frac": float(np.sum(waits) / np.sum(times)),
+        "save_frac": save_s / float(np.sum(times)),  # training-thread time spent in checkpoint saves
         "steps": steps,
         "tokens_per_step": s.tokens_per_step,
         "parameters": s.n_params,
@@ -62,6 +81,7 @@ def format_report(r):
         f"of {r['peak_tflops']:.2f} TFLOP/s",
         f"  peak memory     {r['peak_mem_gib']:.2f} GiB",
         f"  data wait       {100 * r['data_wait_frac']:.1f}% of step time",
+        f"  checkpointing   {100 * r['save_frac']:.1f}% of step time (training thread)",
     ])
 
 
