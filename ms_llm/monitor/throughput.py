@@ -4,7 +4,16 @@ import resource
 
 # Dense peak TFLOP/s per device for the compute dtypes used in training. Override with monitor.peak_tflops.
 DEVICE_PEAK_TFLOPS = {"Ascend": 280.0, "GPU": 312.0}
-CPU_FLOPS_PER_CYCLE = 32  # fp32: two 256-bit FMA pipes (AVX2 / AVX-512 on Zen), x2 for multiply-add
+
+
+def cpu_flops_per_cycle(flags, vendor):
+    """fp32 FLOPs per cycle per core: two FMA pipes x SIMD lanes x 2. AVX-512 counts as 512-bit pipes
+    except on AMD before Zen 5 (Zen 4 runs it on 256-bit pipes; Zen 5 adds avx512_vp2intersect)."""
+    if "avx512f" in flags and ("AMD" not in vendor or "avx512_vp2intersect" in flags):
+        return 64
+    if "avx2" in flags and "fma" in flags:
+        return 32
+    return 16
 
 
 def flops_per_token(num_params, num_layers, hidden, seq_length):
@@ -17,15 +26,17 @@ def flops_per_token(num_params, num_layers, hidden, seq_length):
 def cpu_peak_tflops():
     """Cores available to this process x clock x FLOPs/cycle: an upper bound the CPU cannot exceed."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    mhz = 2500.0
+    mhz, flags, vendor = 2500.0, set(), ""
     try:
         with open("/proc/cpuinfo") as f:
-            speeds = [float(line.split(":")[1]) for line in f if line.startswith("cpu MHz")]
-        if speeds:
-            mhz = max(speeds)
+            lines = f.readlines()
+        speeds = [float(line.split(":")[1]) for line in lines if line.startswith("cpu MHz")]
+        mhz = max(speeds) if speeds else mhz
+        flags = set(next((line.split(":")[1].split() for line in lines if line.startswith("flags")), []))
+        vendor = next((line.split(":")[1].strip() for line in lines if line.startswith("vendor_id")), "")
     except OSError:
         pass
-    return cores * mhz * 1e6 * CPU_FLOPS_PER_CYCLE / 1e12
+    return cores * mhz * 1e6 * cpu_flops_per_cycle(flags, vendor) / 1e12
 
 
 def peak_tflops(device_target, configured=None):
