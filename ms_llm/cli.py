@@ -22,6 +22,8 @@ def add_train_args(p):
     p.add_argument("--run-dir", help="where the run is written (default: runs/<config>-<time>); must not exist "
                                      "unless --resume")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its newest checkpoint")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check config, data and parallel layout and compile the step, then stop (no run dir)")
     p.add_argument("--weights-only", action="store_true",
                    help="with --resume: accept a checkpoint without optimizer state (AdamW restarts from zero)")
 
@@ -31,6 +33,11 @@ def cmd_train(args):
     from ms_llm.train.trainer import run
 
     cfg = load_config(args.config, args.overrides)
+    if args.dry_run:
+        from ms_llm.train.trainer import dry_run
+
+        dry_run(cfg)
+        return
     if args.weights_only and not args.resume:
         raise UserError("--weights-only only applies with --resume. To start a new run from weights, use "
                         "--set checkpoint.load_weights=<file>.")
@@ -86,8 +93,12 @@ def cmd_benchmark(args):
 def cmd_convert(args):
     from ms_llm.checkpoint import convert_hf
 
-    if bool(args.from_hf) == bool(args.to_hf):
-        raise UserError("convert needs exactly one of --from-hf HF_DIR or --to-hf CHECKPOINT.")
+    modes = [m for m in ("from_hf", "to_hf", "split", "merge") if getattr(args, m)]
+    if len(modes) != 1:
+        raise UserError("convert needs exactly one of --from-hf HF_DIR, --to-hf CHECKPOINT, --split CHECKPOINT or "
+                        "--merge SHARD_DIR.")
+    if args.split or args.merge:
+        return reshard(args)
     if args.from_hf:
         if not os.path.isdir(args.from_hf):
             raise UserError(f"--from-hf '{args.from_hf}' is not a folder. Give a Hugging Face model folder.")
@@ -97,6 +108,37 @@ def cmd_convert(args):
             raise UserError(f"--to-hf '{args.to_hf}' does not exist. Give a checkpoint file (.ckpt/.safetensors).")
         config = args.config or os.path.join(os.path.dirname(os.path.abspath(args.to_hf)), "config.yaml")
         convert_hf.to_hf(args.to_hf, config, args.output)
+
+
+def reshard(args):
+    """--split a full checkpoint into rank_<r>/ shards for the layout of --config (+ --set), or --merge them."""
+    from ms_llm.checkpoint import store
+    from ms_llm.config import load_config
+    from ms_llm.parallel import reshard as rs
+    from ms_llm.parallel.layout import build_plan
+
+    if not args.config:
+        raise UserError("--split/--merge need --config (the model and its parallel_config) and --devices.")
+    cfg = load_config(args.config, args.overrides)
+    pc = cfg.parallel_config
+    devices = args.devices or (pc.data_parallel or 1) * pc.model_parallel * pc.pipeline_stage
+    plan = build_plan(cfg, devices, check_batch=False)
+    if args.split:
+        if not os.path.isfile(args.split):
+            raise UserError(f"--split '{args.split}' does not exist. Give a full checkpoint file.")
+        for rank, arrays in rs.split(store.read_tensors(args.split), plan).items():
+            os.makedirs(os.path.join(args.output, f"rank_{rank}"), exist_ok=True)
+            store.write_tensors(os.path.join(args.output, f"rank_{rank}", "model.ckpt"), arrays, "ckpt")
+        print(f"split for data {plan.dp} x model {plan.mp}: {devices} shards in {args.output}/rank_*/model.ckpt")
+    else:
+        shards = {}
+        for rank in range(devices):
+            path = os.path.join(args.merge, f"rank_{rank}", "model.ckpt")
+            if not os.path.isfile(path):
+                raise UserError(f"--merge: '{path}' is missing; all {devices} ranks' shards are needed.")
+            shards[rank] = store.read_tensors(path)
+        store.write_tensors(args.output, rs.merge(shards, plan), "ckpt")
+        print(f"merged {devices} shards → {args.output}")
 
 
 def build_parser():
@@ -131,7 +173,12 @@ def build_parser():
     p = sub.add_parser("convert", help="Hugging Face GPT-2/Llama safetensors <-> ms_llm checkpoint + config")
     p.add_argument("--from-hf", metavar="HF_DIR", help="a Hugging Face model folder (config.json + *.safetensors)")
     p.add_argument("--to-hf", metavar="CHECKPOINT", help="an ms_llm .ckpt/.safetensors file (weights)")
-    p.add_argument("--config", help="with --to-hf: the model's config.yaml (default: next to the checkpoint)")
+    p.add_argument("--split", metavar="CHECKPOINT", help="full checkpoint → per-rank shards for --config's layout")
+    p.add_argument("--merge", metavar="SHARD_DIR", help="rank_<r>/model.ckpt shards → one full checkpoint")
+    p.add_argument("--devices", type=int, help="with --split/--merge: ranks of the layout")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--config", help="with --to-hf: the model's config.yaml (default: next to the checkpoint); "
+                                    "with --split/--merge: the config whose parallel_config gives the layout")
     p.add_argument("--output", required=True, help="folder to write")
     p.add_argument("--format", choices=("ckpt", "safetensors"), default="ckpt", help="with --from-hf")
     p.set_defaults(func=cmd_convert)

@@ -55,12 +55,12 @@ def test_validation_messages_name_field_value_and_fix(override, words):
 
 def test_global_batch_must_divide_by_micro_times_data_parallel():
     cfg = load_config(None, ["train.global_batch_size=12", "train.micro_batch_size=4"])
-    assert resolve_runtime(cfg, 1, "CPU") == 3  # accumulation steps derived, not configured
+    assert resolve_runtime(cfg, 1, "CPU").accumulation == 3  # derived, not configured
     cfg = load_config(None, ["train.global_batch_size=12", "train.micro_batch_size=4"])
     with pytest.raises(UserError, match="micro_batch_size × data_parallel = 4 × 2 = 8"):
         resolve_runtime(cfg, 2, "CPU")
     cfg = load_config(None, ["train.global_batch_size=16", "train.micro_batch_size=4"])
-    assert resolve_runtime(cfg, 2, "CPU") == 2 and cfg.parallel_config.data_parallel == 2
+    assert resolve_runtime(cfg, 2, "CPU").accumulation == 2 and cfg.parallel_config.data_parallel == 2
 
 
 def test_data_parallel_must_match_world_size():

@@ -89,7 +89,10 @@ class ParallelConfig:
     data_parallel: Optional[int] = opt(None, "data-parallel ranks (null: world size / (model_parallel * pipeline_stage))")
     model_parallel: int = opt(1, "tensor-parallel ranks")
     pipeline_stage: int = opt(1, "pipeline stages")
-    micro_batch_num: int = opt(1, "pipeline micro-batches")
+    micro_batch_num: int = opt(1, "pipeline micro-batches per step (= global / (data_parallel × micro batch) "
+                                  "when pipeline_stage > 1)")
+    stage_layers: Optional[List[int]] = opt(None, "layers per pipeline stage, e.g. [9, 10, 10, 9] "
+                                                  "(null: balanced)")
     use_seq_parallel: bool = opt(False, "shard norms / residuals along the sequence (needs model_parallel > 1)")
     vocab_emb_dp: bool = opt(True, "embedding / LM head data-parallel instead of vocab-split")
     optimizer_shard: bool = opt(False, "shard optimizer states over data-parallel ranks")
@@ -113,6 +116,8 @@ class CheckpointConfig:
     remote_dir: Optional[str] = opt(None, "obs://, s3:// or a directory: every completed checkpoint and the run's "
                                           "metrics are copied there")
     uploader: Optional[str] = opt(None, "'package.module:Class' with put/get/listdir, for other remote stores")
+    strategy_dir: Optional[str] = opt(None, "where semi-auto parallel saves its strategy file per rank (null: "
+                                            "./strategy); kept with the checkpoints for resharding")
     load_weights: Optional[str] = opt(None, "initialise the model from this checkpoint's weights (e.g. one "
                                             "converted from Hugging Face); optimizer starts fresh")
 

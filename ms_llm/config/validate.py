@@ -94,16 +94,17 @@ def nearest_divisor(n, near):
 
 
 def resolve_runtime(cfg, world_size, device_target):
-    """Fill in data_parallel and check the batch arithmetic for this launch. Returns accumulation steps."""
+    """Fill in data_parallel for this launch and validate the layout. Returns the ParallelPlan."""
+    from ms_llm.parallel.layout import build_plan
+
     pc = cfg.parallel_config
     model_pipe = pc.model_parallel * pc.pipeline_stage
-    if model_pipe > 1 and device_target == "CPU":
-        raise UserError(f"parallel_config.model_parallel = {pc.model_parallel}, pipeline_stage = {pc.pipeline_stage}: "
-                        f"tensor and pipeline parallelism use MindSpore's semi-auto parallel mode, which needs Ascend "
-                        f"or GPU devices; on CPU only data parallelism runs. Set both to 1 here, or launch on Ascend.")
-    if pc.use_seq_parallel and pc.model_parallel == 1:
-        raise UserError("parallel_config.use_seq_parallel = true needs parallel_config.model_parallel > 1: sequence "
-                        "parallelism splits the work that tensor parallelism replicates. Set it to false.")
+    if (model_pipe > 1 or pc.optimizer_shard) and device_target == "CPU":
+        raise UserError(f"parallel_config.model_parallel = {pc.model_parallel}, pipeline_stage = {pc.pipeline_stage}, "
+                        f"optimizer_shard = {str(pc.optimizer_shard).lower()}: tensor and pipeline parallelism and "
+                        f"optimizer sharding use MindSpore's semi-auto parallel mode, which needs Ascend or GPU devices; "
+                        f"on CPU only data parallelism runs. Set model_parallel and pipeline_stage to 1 and "
+                        f"optimizer_shard to false here, or launch on Ascend.")
     if pc.data_parallel is None:
         if world_size % model_pipe:
             raise UserError(f"{world_size} ranks cannot be split into model_parallel × pipeline_stage = {model_pipe}. "
@@ -114,14 +115,7 @@ def resolve_runtime(cfg, world_size, device_target):
                         f"{pc.model_parallel} × {pc.pipeline_stage} = {pc.data_parallel * model_pipe}, but "
                         f"{world_size} rank(s) were launched. Make the product equal the worker count "
                         f"(or set data_parallel: null to derive it).")
-    t = cfg.train
-    per_step = t.micro_batch_size * pc.data_parallel
-    if t.global_batch_size % per_step:
-        raise UserError(f"train.global_batch_size = {t.global_batch_size} is not divisible by "
-                        f"train.micro_batch_size × data_parallel = {t.micro_batch_size} × {pc.data_parallel} = "
-                        f"{per_step}. Choose a global batch that is a multiple of {per_step}, or change the micro "
-                        f"batch; accumulation steps are derived as global / (micro × data_parallel).")
-    return t.global_batch_size // per_step
+    return build_plan(cfg, world_size)
 
 
 def check_against_dataset(cfg, manifest, dataset_dir):

@@ -25,6 +25,11 @@ class GeluTanh(nn.Cell):
         self.fused = cpu_kernels.active() and compute_dtype == ms.float32
         self.op = cpu_kernels.op("gelu_tanh") if self.fused else None
 
+    def recompute(self, **kwargs):
+        """MindSpore does not recompute custom AOT ops, so a recomputed GELU uses the composition."""
+        self.fused = False
+        return super().recompute(**kwargs)
+
     def construct(self, x):
         if self.fused:
             return self.op(x)

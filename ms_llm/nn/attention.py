@@ -22,27 +22,56 @@ def use_flash_attention(compute_dtype, head_dim, dropout):
     return device.is_ascend() and compute_dtype in (ms.float16, ms.bfloat16) and head_dim % 16 == 0 and dropout == 0
 
 
-class CausalSelfAttention(nn.Cell):
-    def __init__(self, hidden, num_heads, num_kv_heads, seq_length, bias=False, init_std=0.02, out_std=0.02,
-                 dropout=0.0, rope_theta=None, compute_dtype=ms.float32):
+class AttentionCore(nn.Cell):
+    """softmax(q k^T / sqrt(d) + causal mask) v on (B, H, T, D) heads: the part selective recompute
+    recomputes and tensor parallelism splits by head. Its primitives are attributes so that
+    `ms_llm.parallel` can shard them by name from outside."""
+
+    def __init__(self, num_heads, num_kv_heads, head_dim, seq_length, dropout=0.0, compute_dtype=ms.float32):
         super().__init__()
-        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.head_dim = hidden // num_heads
-        self.groups = num_heads // num_kv_heads
-        self.scale = 1.0 / math.sqrt(self.head_dim)
+        self.num_heads, self.groups, self.head_dim = num_heads, num_heads // num_kv_heads, head_dim
+        self.scale = 1.0 / math.sqrt(head_dim)
         self.dtype = compute_dtype
-        self.qkv = Linear(hidden, (num_heads + 2 * num_kv_heads) * self.head_dim, bias, init_std, compute_dtype)
-        self.out = Linear(num_heads * self.head_dim, hidden, bias, out_std, compute_dtype)
-        self.rope = RotaryEmbedding(self.head_dim, seq_length, rope_theta) if rope_theta else None
-        self.use_rope = rope_theta is not None
-        self.flash = use_flash_attention(compute_dtype, self.head_dim, dropout)
+        self.flash = use_flash_attention(compute_dtype, head_dim, dropout)
         if self.flash:  # 1 = masked, upper triangle: the compressed causal mask of sparse_mode=2
             self.mask = ms.Tensor(np.triu(np.ones((FLASH_MASK, FLASH_MASK), np.uint8), 1))
         else:
             self.mask = ms.Tensor(np.triu(np.full((seq_length, seq_length), MASKED, np.float32), 1))
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
-        self.attn_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.softmax = ops.Softmax(-1)
+        self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+
+    def scores(self, q, k):
+        """Masked attention logits in float32. q is scaled before the matmul so that float16 scores
+        overflow sqrt(head_dim) times later than with the scale applied after."""
+        t = q.shape[2]
+        return self.qk(q * self.scale, k).astype(ms.float32) + self.mask[:t, :t]
+
+    def construct(self, q, k, v):
+        if self.flash:  # softmax statistics are kept in float32 inside the kernel; GQA is native
+            return ops.flash_attention_score(q, k, v, self.num_heads, attn_mask=self.mask, scalar_value=self.scale,
+                                             input_layout="BNSD", sparse_mode=2)
+        if self.groups > 1:
+            b, kv, t, d = k.shape
+            k = ops.broadcast_to(k.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
+            v = ops.broadcast_to(v.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
+        probs = self.dropout(self.softmax(self.scores(q, k))).astype(self.dtype)
+        return self.pv(probs, v)
+
+
+class CausalSelfAttention(nn.Cell):
+    def __init__(self, hidden, num_heads, num_kv_heads, seq_length, bias=False, init_std=0.02, out_std=0.02,
+                 dropout=0.0, rope_theta=None, compute_dtype=ms.float32):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
+        self.head_dim = hidden // num_heads
+        self.qkv = Linear(hidden, (num_heads + 2 * num_kv_heads) * self.head_dim, bias, init_std, compute_dtype)
+        self.out = Linear(num_heads * self.head_dim, hidden, bias, out_std, compute_dtype)
+        self.rope = RotaryEmbedding(self.head_dim, seq_length, rope_theta) if rope_theta else None
+        self.use_rope = rope_theta is not None
+        self.core = AttentionCore(num_heads, num_kv_heads, self.head_dim, seq_length, dropout, compute_dtype)
+        self.flash = self.core.flash
         self.resid_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
     def construct(self, x):
@@ -52,15 +81,5 @@ class CausalSelfAttention(nn.Cell):
         q, k, v = qkv[:, :h], qkv[:, h:h + kv], qkv[:, h + kv:]
         if self.use_rope:
             q, k = self.rope(q), self.rope(k)
-        if self.flash:  # softmax statistics are kept in float32 inside the kernel; GQA is native
-            y = ops.flash_attention_score(q, k, v, h, attn_mask=self.mask, scalar_value=self.scale,
-                                          input_layout="BNSD", sparse_mode=2)
-            return self.out(y.transpose(0, 2, 1, 3).reshape(b, t, h * d))
-        if self.groups > 1:
-            k = ops.broadcast_to(k.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, h, t, d)
-            v = ops.broadcast_to(v.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, h, t, d)
-        # q is scaled before the matmul so that float16 scores overflow sqrt(head_dim) times later
-        scores = self.qk(q * self.scale, k).astype(ms.float32) + self.mask[:t, :t]
-        probs = self.attn_dropout(ops.softmax(scores, -1)).astype(self.dtype)
-        y = self.pv(probs, v).transpose(0, 2, 1, 3).reshape(b, t, h * d)
+        y = self.core(q, k, v).transpose(0, 2, 1, 3).reshape(b, t, h * d)
         return self.resid_dropout(self.out(y))

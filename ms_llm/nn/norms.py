@@ -55,11 +55,12 @@ class RMSNorm(nn.Cell):
         self.weight = ones((dim,), "weight")
         self.eps = eps
         self.ascend = device.is_ascend()
+        self.op = ops.RmsNorm(eps) if self.ascend else None
 
     def construct(self, x):
         dtype, shape = x.dtype, x.shape
         x = x.astype(ms.float32).reshape(-1, shape[-1])
         if self.ascend:
-            return ops.rms_norm(x, self.weight, self.eps)[0].astype(dtype).reshape(shape)
+            return self.op(x, self.weight)[0].astype(dtype).reshape(shape)
         y = x * ops.rsqrt((x * x).mean(-1, keep_dims=True) + self.eps) * self.weight
         return y.astype(dtype).reshape(shape)

@@ -63,10 +63,11 @@ class CausalLM(nn.Cell):
         self.dtype = compute_dtype
         self.vocab_size, self.hidden = vocab_size, hidden
         self.head_matmul = ops.MatMul(transpose_b=True)
+        self.embedding_gather = ops.Gather()
 
     def construct(self, ids):
         b, t = ids.shape
-        x = ops.gather(self.embedding, ids, 0)
+        x = self.embedding_gather(self.embedding, ids, 0)
         if self.has_positions:
             x = x + self.positions[:t]
         x = self.embed_dropout(x.astype(self.dtype))

@@ -22,6 +22,7 @@ class Session:
     rt: Runtime
     log: Callable
     manifest: dict
+    plan: Any
     accum: int
     model: Any
     step_fn: Any
@@ -44,12 +45,14 @@ class Session:
 
 
 def open_session(cfg, echo=print, preflight=None, purpose="train"):
-    """Check, then build. `preflight(rt, log)` runs after the runtime is known and before any data is touched."""
+    """Check, then build. `preflight(rt, log, plan)` runs once the runtime and the parallel plan are known,
+    before any data is touched."""
     rt = setup_context(cfg.context)
     log = echo if rt.is_main else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
-    accum = resolve_runtime(cfg, rt.world_size, rt.device_target)
+    plan = resolve_runtime(cfg, rt.world_size, rt.device_target)
+    accum = plan.accumulation
     if preflight is not None:
-        preflight(rt, log)
+        preflight(rt, log, plan)
     manifest = prepare_dataset(cfg, rt, log)
     check_against_dataset(cfg, manifest, cfg.data.dataset_dir)
 
@@ -74,9 +77,21 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
         log(f"compile cache: {'reusing' if hit else 'filling'} {path}")
     ms.set_seed(t.seed)
     np.random.seed(t.seed)
+    semi_auto = plan.semi_auto
+    if plan.pp > 1:
+        raise UserError("parallel_config.pipeline_stage > 1: the plan, its validation and stage assignment are "
+                        "built (see `ms-llm plan`), but the pipelined training step is not wired in this version. "
+                        "Use data and model parallelism (pipeline_stage: 1) to train.")
+    if semi_auto:
+        from ms_llm.parallel.apply import configure_auto_parallel
+
+        configure_auto_parallel(plan, cfg.checkpoint.strategy_dir or "strategy", rt.rank)
     model = build_model(m, cfg.precision.compute_dtype)
+    apply_plan(model, plan, semi_auto, log)
     optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, rt.world_size, t.max_steps, lr_table(t))
+    # under semi-auto parallel MindSpore inserts the data-parallel gradient reduction itself
+    step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, 1 if semi_auto else rt.world_size,
+                        t.max_steps, lr_table(t))
     model.set_train(True)
     dp = cfg.parallel_config.data_parallel
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", t.micro_batch_size, dp, rt.rank, t.seed,
@@ -84,7 +99,7 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     val = eval_batches(cfg.data.dataset_dir, manifest, t.micro_batch_size, t.eval_steps, dp, rt.rank, m.seq_length,
                        cfg.data.num_workers, accum)
     n_params = count_params(model)
-    s = Session(cfg, rt, log, manifest, accum, model, step_fn, EvalStep(model), data, val, n_params,
+    s = Session(cfg, rt, log, manifest, plan, accum, model, step_fn, EvalStep(model), data, val, n_params,
                 flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length),
                 peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12)
     log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
@@ -95,6 +110,18 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × accumulation {accum} × data-parallel {dp}; "
         f"{s.tokens_per_step:,} tokens/step; device {rt.device_target}, {rt.world_size} rank(s)")
     return s
+
+
+def apply_plan(model, plan, semi_auto, log):
+    from ms_llm.parallel.apply import apply_recompute, assign_stages, shard_model
+
+    if semi_auto:
+        applied = shard_model(model, plan)
+        assign_stages(model, plan)
+        log(f"parallel: {len(applied)} primitives sharded; " + plan.table().splitlines()[0])
+    apply_recompute(model, plan)
+    for w in plan.warnings:
+        log(f"warning: {w}")
 
 
 def prepare_dataset(cfg, rt, log):

@@ -4,6 +4,7 @@ Read `run()` top to bottom: it is the whole story; the helpers below it do one t
 """
 import json
 import os
+import shutil
 import time
 
 import numpy as np
@@ -26,14 +27,19 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     """Train as `cfg` says (resuming `run_dir` when asked). Returns a summary dict on every rank."""
     plan = {}
 
-    def preflight(rt, log):
+    def preflight(rt, log, parallel):
+        # semi-auto parallel ranks hold different shards: each saves its own; data-parallel replicas share rank 0's
+        plan["ckpt_rank"] = rt.rank if parallel.semi_auto else 0
         plan["run_dir"] = run_dir or default_run_dir_all_ranks(rt, config_path)
+        if cfg.checkpoint.strategy_dir is None:  # semi-auto parallel strategy files live with the run
+            cfg.checkpoint.strategy_dir = os.path.join(plan["run_dir"], "strategy")
         if cfg.checkpoint.remote_dir:
             agree(rt, lambda: check_remote(cfg.checkpoint))
-        plan["resume"] = resume or (cfg.checkpoint.auto_resume and has_checkpoints(plan["run_dir"], rt, cfg, log))
+        plan["resume"] = resume or (cfg.checkpoint.auto_resume and
+                                    has_checkpoints(plan["run_dir"], plan["ckpt_rank"], rt, cfg, log))
         agree(rt, lambda: rd.check_run_dir(plan["run_dir"], plan["resume"]))
         if plan["resume"]:
-            agree(rt, lambda: plan.update(checkpoint=find_checkpoint(plan["run_dir"], rt.rank, log)))
+            agree(rt, lambda: plan.update(checkpoint=find_checkpoint(plan["run_dir"], plan["ckpt_rank"], log)))
 
     start = plan_start = 0  # the step this process starts at (0, or the resumed checkpoint's)
     s = open_session(cfg, echo, preflight)
@@ -57,7 +63,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     log(f"run directory: {run_dir}" + (f" (resuming at step {start})" if plan["resume"] else ""))
     from ms_llm.train.lr_schedule import lr_at
 
-    saver = CheckpointSaver(run_dir, 0, cfg.checkpoint, log)  # data-parallel replicas: rank 0's copy is the run's
+    saver = CheckpointSaver(run_dir, plan["ckpt_rank"], cfg.checkpoint, log)
+    saves = rt.is_main or s.plan.semi_auto
     writer = MetricsWriter(run_dir, rt.rank, t.max_steps, cfg.monitor.summary, echo=log)
     bar = progress_bar(t.max_steps, start, cfg.monitor.progress_bar and rt.is_main)
     if bar is not None:
@@ -65,7 +72,11 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     profiler = make_profiler(cfg, rt, run_dir, t, log)
 
     def save(step):
-        if rt.is_main:
+        strategy = os.path.join(cfg.checkpoint.strategy_dir or "", f"strategy_rank_{rt.rank}.ckpt")
+        if s.plan.semi_auto and os.path.isfile(strategy):  # the layout travels with the shards it describes
+            os.makedirs(saver.directory, exist_ok=True)
+            shutil.copy2(strategy, saver.directory)
+        if saves:
             host_state = {"skipped": host["skipped"], "pending": [as_floats(o) for o in host["pending"]]}
             saver.save(step, ckpt_state.capture(s), ckpt_state.describe(s, step, host_state))
 
@@ -133,6 +144,22 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     return finish(s, run_dir, preempted or t.max_steps, val_loss, host["skipped"], compile_s, profiler, saver, log)
 
 
+def dry_run(cfg, echo=print):
+    """Check and compile everything a run would, without training or writing a run directory.
+
+    On an Ascend host with `MS_SIMULATION_LEVEL=1` (msrun --sim_level=1) this compiles the sharded graph of
+    one rank without touching a device: the way to verify a layout before queueing a cluster job."""
+    s = open_session(cfg, echo, purpose="dry_run")
+    s.log(s.plan.table())
+    batch = next(s.data)
+    t0 = time.perf_counter()
+    if s.accum > 1:
+        s.step_fn.accumulate.compile(batch)
+    s.step_fn.compile(batch)
+    s.log(f"dry run: training step compiled in {time.perf_counter() - t0:.1f} s; nothing was trained or written")
+    return s
+
+
 def finish(s, run_dir, steps, val_loss, skipped, compile_s, profiler, saver, log):
     rt = s.rt
     digest = param_digest(s.model, s.n_params)
@@ -161,18 +188,18 @@ def finish(s, run_dir, steps, val_loss, skipped, compile_s, profiler, saver, log
 
 # --- resuming -------------------------------------------------------------------------------------------
 
-def has_checkpoints(run_dir, rt, cfg, log):
+def has_checkpoints(run_dir, ckpt_rank, rt, cfg, log):
     """Local checkpoints exist, or remote ones were pulled into the (empty) local run dir."""
-    directory = store.rank_dir(run_dir, 0)
+    directory = store.rank_dir(run_dir, ckpt_rank)
     if store.list_checkpoints(directory):
         return True
-    if cfg.checkpoint.remote_dir and rt.is_main:
+    if cfg.checkpoint.remote_dir and ckpt_rank == rt.rank:
         from ms_llm.checkpoint import remote
         from ms_llm.checkpoint.saver import pull_newest
 
         up = remote.make_uploader(cfg.checkpoint.remote_dir, cfg.checkpoint.uploader)
         remote.check_remote_readable(up, cfg.checkpoint.remote_dir)
-        pull_newest(cfg.checkpoint.remote_dir, up, run_dir, 0, log)
+        pull_newest(cfg.checkpoint.remote_dir, up, run_dir, ckpt_rank, log)
     return all_ranks_ok(rt, bool(store.list_checkpoints(directory))) if rt.world_size > 1 else \
         bool(store.list_checkpoints(directory))
 
@@ -183,8 +210,8 @@ def check_remote(ckpt_cfg):
     remote.check_remote_readable(remote.make_uploader(ckpt_cfg.remote_dir, ckpt_cfg.uploader), ckpt_cfg.remote_dir)
 
 
-def find_checkpoint(run_dir, rank, log):
-    directory = store.rank_dir(run_dir, 0)
+def find_checkpoint(run_dir, ckpt_rank, log):
+    directory = store.rank_dir(run_dir, ckpt_rank)
     step, manifest = store.newest_valid(directory, warn=log)
     if step is None:
         raise UserError(f"no usable checkpoint in {directory} to resume from. Nothing was changed; start a new run "

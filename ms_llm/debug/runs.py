@@ -1,0 +1,283 @@
+"""Reading run directories back: one run (for `diagnose`), all runs under a folder (`ms-llm runs`), and the
+differences between two runs (`ms-llm runs --diff A B`). Pure Python over the files the trainer writes."""
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass, field
+
+import yaml
+
+from ms_llm.errors import UserError
+
+# Values the metrics writer stores as strings because JSON has no NaN/Inf (see monitor/metrics.py).
+NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf,
+             "NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+TEXT_KEYS = {"event", "reason", "name", "kind", "flag", "detail", "op"}  # never converted to numbers
+
+
+@dataclass
+class Run:
+    path: str
+    config: dict = field(default_factory=dict)  # the resolved config as nested dicts ({} when absent)
+    config_note: str = ""  # why config.yaml could not be read with this version, if so
+    info: dict = field(default_factory=dict)
+    train: list = field(default_factory=list)  # log-interval records (have "loss")
+    evals: list = field(default_factory=list)  # {"step", "val_loss", ...}
+    events: list = field(default_factory=list)  # {"step", "event", ...}
+    stats: list = field(default_factory=list)  # stats.jsonl records
+    bad_lines: int = 0  # unparseable lines (a crash can leave a truncated last line)
+
+    @property
+    def name(self):
+        return os.path.basename(os.path.normpath(self.path))
+
+    @property
+    def final(self):
+        return self.info.get("final") or {}
+
+    def cfg(self, dotted, default=None):
+        """`run.cfg("train.clip_grad")`: a config value by dotted key, `default` when absent or null."""
+        node = self.config
+        for key in dotted.split("."):
+            if not isinstance(node, dict) or node.get(key) is None:
+                return default
+            node = node[key]
+        return node
+
+    @property
+    def max_steps(self):
+        return self.cfg("train.max_steps")
+
+    @property
+    def steps_done(self):
+        steps = [r["step"] for r in self.train + self.evals + self.events if isinstance(r.get("step"), int)]
+        return self.final.get("steps") or (max(steps) if steps else 0)
+
+    @property
+    def data_parallel(self):
+        return self.cfg("parallel_config.data_parallel") or (self.info.get("parallel") or {}).get("data_parallel") or 1
+
+    @property
+    def accumulation(self):
+        """Micro-batches accumulated per optimizer step = global / (micro × data-parallel)."""
+        micro, glob = self.cfg("train.micro_batch_size"), self.cfg("train.global_batch_size")
+        if not micro or not glob:
+            return 1
+        return max(1, glob // (micro * self.data_parallel))
+
+    @property
+    def status(self):
+        if not self.final:
+            return "running-or-crashed"  # the trainer writes `final` into run_info.json as its last act
+        if self.max_steps and (self.final.get("steps") or self.max_steps) < self.max_steps:
+            return "stopped"  # preempted or train.stop_at_step; a resumed run rewrites `final` when it ends
+        return "finished"
+
+
+def is_run_dir(path):
+    return os.path.isfile(os.path.join(path, "config.yaml")) or os.path.isfile(os.path.join(path, "run_info.json"))
+
+
+def load_run(path, need_metrics=True):
+    """Everything a run directory holds, parsed. Bad input (no directory, no metrics) is a UserError."""
+    if not os.path.isdir(path):
+        raise UserError(f"run directory '{path}' does not exist{' (it is a file)' if os.path.exists(path) else ''}. "
+                        f"Pass the folder a training run wrote (the --run-dir of 'ms-llm train'); "
+                        f"'ms-llm runs' lists the runs under ./runs.")
+    metrics = os.path.join(path, "metrics.jsonl")
+    if need_metrics and not os.path.isfile(metrics):
+        what = "a run directory" if is_run_dir(path) else "not a run directory (no config.yaml or run_info.json)"
+        raise UserError(f"'{path}' has no metrics.jsonl, so there is nothing to diagnose; it is {what}. The trainer "
+                        f"writes metrics.jsonl at the first log interval (train.log_interval steps): a run that "
+                        f"stopped before that has no metrics yet. Check the path, or look at the run's logs/.")
+    run = Run(path=path)
+    run.config, run.config_note = read_config(os.path.join(path, "config.yaml"))
+    run.info = read_json(os.path.join(path, "run_info.json"))
+    records, run.bad_lines = read_jsonl(metrics)
+    for r in records:
+        if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool):
+            run.bad_lines += 1  # every trainer record has an integer step
+        elif "event" in r:
+            run.events.append(r)
+        elif "val_loss" in r:
+            run.evals.append(r)
+        elif "loss" in r:
+            run.train.append(r)
+    run.stats, bad = read_jsonl(os.path.join(path, "stats.jsonl"))
+    run.bad_lines += bad
+    return run
+
+
+def read_config(path):
+    """The config as nested dicts, through the typed loader so defaults fill keys an older run lacked.
+    A config the current schema rejects (a renamed key) still comes back raw, with the reason."""
+    if not os.path.isfile(path):
+        return {}, "no config.yaml"
+    from ms_llm.config import load_config, to_dict
+
+    try:
+        return to_dict(load_config(path, validate=False)), ""
+    except UserError as e:
+        try:
+            with open(path, encoding="utf-8") as f:
+                raw = yaml.safe_load(f)
+        except (OSError, yaml.YAMLError):
+            raw = None
+        return (raw if isinstance(raw, dict) else {}), str(e)
+
+
+def read_json(path):
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return obj if isinstance(obj, dict) else {}
+
+
+def read_jsonl(path):
+    """(records, number of unparseable lines); a missing file is no records."""
+    if not os.path.isfile(path):
+        return [], 0
+    records, bad = [], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                r = json.loads(line)
+            except ValueError:
+                bad += 1
+                continue
+            if isinstance(r, dict):
+                records.append({k: (NONFINITE[v] if isinstance(v, str) and v in NONFINITE and k not in TEXT_KEYS
+                                    else v) for k, v in r.items()})
+            else:
+                bad += 1
+    return records, bad
+
+
+# --- ms-llm runs: the table --------------------------------------------------------------------------
+
+def find_runs(root, max_depth=3):
+    """Run directories under `root` (itself included), not descending into a run."""
+    if not os.path.isdir(root):
+        raise UserError(f"'{root}' is not a directory. 'ms-llm runs DIR' lists the runs under DIR "
+                        f"(default ./runs); pass the folder your --run-dir paths live in.")
+    found = []
+    for here, dirs, _ in os.walk(root):
+        depth = os.path.relpath(here, root).count(os.sep) + (here != root)
+        if is_run_dir(here):
+            found.append(here)
+            dirs[:] = []
+        elif depth >= max_depth:
+            dirs[:] = []
+        dirs.sort()
+    return found
+
+
+def summarize(run, root=None):
+    """One row of the `ms-llm runs` table (also the --json form)."""
+    finite = [r["val_loss"] for r in run.evals if _finite(r.get("val_loss"))]
+    tok = [r["tokens_per_s"] for r in run.train if _finite(r.get("tokens_per_s"))]
+    final_val = run.final.get("final_val_loss")
+    return {
+        "name": os.path.relpath(run.path, root) if root else run.name,
+        "start_time": run.info.get("start_time"),
+        "arch": run.cfg("model.arch"), "layers": run.cfg("model.num_layers"), "hidden": run.cfg("model.hidden_size"),
+        "params": run.final.get("parameters"),
+        "steps": run.steps_done, "max_steps": run.max_steps,
+        "best_val_loss": min(finite) if finite else None,
+        "final_val_loss": final_val if _finite(final_val) else None,
+        "tokens_per_s": statistics.median(tok[1:] or tok) if tok else None,  # first interval includes warm-up
+        "status": run.status,
+    }
+
+
+def list_runs(root):
+    rows = [summarize(load_run(p, need_metrics=False), root) for p in find_runs(root)]
+    return sorted(rows, key=lambda r: (r["start_time"] or "", r["name"]))
+
+
+def format_table(rows):
+    head = ["run", "started", "model", "steps", "best val", "final val", "tok/s", "status"]
+    body = [[r["name"], (r["start_time"] or "-").replace("T", " ")[:16], _model(r),
+             f"{r['steps']}/{r['max_steps'] or '?'}", _num(r["best_val_loss"]), _num(r["final_val_loss"]),
+             f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] is not None else "-", r["status"]] for r in rows]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
+    return "\n".join("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head] + body)
+
+
+def _model(r):
+    parts = [r["arch"] or "?", f"{r['layers']}L" if r["layers"] else "", f"h{r['hidden']}" if r["hidden"] else ""]
+    if r["params"]:
+        n = r["params"]
+        parts.append(f"{n / 1e3:.0f}K" if n < 1e6 else f"{n / 1e6:.1f}M" if n < 1e9 else f"{n / 1e9:.2f}B")
+    return " ".join(p for p in parts if p)
+
+
+def _num(v):
+    return f"{v:.4f}" if v is not None else "-"
+
+
+def _finite(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# --- ms-llm runs --diff A B --------------------------------------------------------------------------
+
+ENV_KEYS = ("versions", "device", "host", "platform", "git_revision", "parallel")
+
+
+def diff_runs(path_a, path_b):
+    """{"config": [(key, a, b)], "environment": [...], "results": [...]}: what differs between two runs."""
+    a, b = (load_run(p, need_metrics=False) for p in (path_a, path_b))
+    for run in (a, b):
+        if not is_run_dir(run.path):
+            raise UserError(f"'{run.path}' is not a run directory (no config.yaml or run_info.json). "
+                            f"--diff compares two folders written by 'ms-llm train'.")
+    env_a = flatten({k: a.info.get(k) for k in ENV_KEYS if k in a.info})
+    env_b = flatten({k: b.info.get(k) for k in ENV_KEYS if k in b.info})
+    sa, sb = summarize(a), summarize(b)
+    results = [(k, sa[k], sb[k]) for k in ("steps", "best_val_loss", "final_val_loss", "tokens_per_s", "status")
+               if sa[k] != sb[k]]
+    return {"a": path_a, "b": path_b, "config": changed(flatten(a.config), flatten(b.config)),
+            "environment": changed(env_a, env_b), "results": results}
+
+
+def flatten(d, prefix=""):
+    out = {}
+    for k, v in (d or {}).items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+MISSING = "(absent)"
+
+
+def changed(fa, fb):
+    return [(k, fa.get(k, MISSING), fb.get(k, MISSING)) for k in sorted(set(fa) | set(fb))
+            if fa.get(k, MISSING) != fb.get(k, MISSING)]
+
+
+def format_diff(d):
+    lines = [f"A = {d['a']}", f"B = {d['b']}"]
+    for section in ("config", "environment", "results"):
+        rows = d[section]
+        lines.append(f"\n{section}: " + ("no differences" if not rows else f"{len(rows)} difference(s)"))
+        if rows:
+            w = max(len(k) for k, _, _ in rows)
+            lines += [f"  {k.ljust(w)}  A: {_show(va)}  |  B: {_show(vb)}" for k, va, vb in rows]
+    return "\n".join(lines)
+
+
+def _show(v):
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return "null" if v is None else str(v)

@@ -1,0 +1,61 @@
+"""Applying a ParallelPlan to a plain model from outside: MindSpore's semi-auto parallel context,
+`.shard()` on primitives found by name, `pipeline_stage` on cells, recompute on layers.
+
+Model code knows nothing of this: strategies are looked up by the path of each primitive in the cell
+tree ("layers.3.attention.core.qk"). Semi-auto and pipeline parallelism need Ascend or GPU; on CPU the
+session refuses such layouts before getting here (only recompute and data parallelism run on CPU).
+"""
+import os
+
+
+def configure_auto_parallel(plan, strategy_dir, rank):
+    import mindspore as ms
+
+    os.makedirs(strategy_dir, exist_ok=True)
+    ms.set_auto_parallel_context(
+        parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=plan.devices,
+        dataset_strategy="data_parallel",  # each rank reads its own slice of the global batch
+        pipeline_stages=plan.pp, enable_parallel_optimizer=plan.optimizer_shard,
+        strategy_ckpt_config={"save_file": os.path.join(strategy_dir, f"strategy_rank_{rank}.ckpt"),
+                              "only_trainable_params": False})
+
+
+def shard_model(model, plan):
+    """`.shard()` every primitive the plan names; returns {path: strategy} of what was applied."""
+    applied = {}
+    for cell_path, cell in model.cells_and_names():
+        for attr, prim in cell._primitives.items():  # primitives stored as Cell attributes
+            if prim is None:
+                continue
+            path = f"{cell_path}.{attr}" if cell_path else attr
+            strategy = plan.strategy_for(path)
+            if strategy is None:
+                continue
+            out = plan.out_strategy_for(path)
+            if out:
+                prim.shard(in_strategy=strategy, out_strategy=out)
+            else:
+                prim.shard(strategy)
+            applied[path] = strategy
+    return applied
+
+
+def assign_stages(model, plan):
+    """pipeline_stage per layer; embedding on the first stage, final norm and head on the last."""
+    if plan.pp == 1:
+        return
+    for layer, stage in zip(model.layers, plan.stage_of_layer):
+        layer.pipeline_stage = stage
+    model.final_norm.pipeline_stage = plan.pp - 1
+
+
+def apply_recompute(model, plan):
+    """Full recompute: the whole layer's activations are recomputed in backward (only its input is kept).
+    Selective: only the attention core (scores, softmax) and the MLP activation, the activations that
+    cost the most memory per FLOP (Korthikanti et al. 2022)."""
+    for layer, mode in zip(model.layers, plan.recompute_of_layer):
+        if mode == "full":
+            layer.recompute()
+        elif mode == "select":
+            layer.attention.core.recompute()
+            layer.mlp.act.recompute()

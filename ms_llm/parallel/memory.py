@@ -1,0 +1,302 @@
+"""Per-device memory of a parallel layout, term by term, each with the formula that produced it.
+
+Pure arithmetic on the config (no MindSpore): `ModelShape` is the model's sizes, `Layout` the parallel
+choices, `stage_memory` the bytes one device of a pipeline stage holds. The assumptions behind every
+term are stated in docs/parallel_planning.md; the short version is in the comments here.
+
+Units: bytes everywhere in code; GiB (2**30) when printed, because device memory is sold in binary units.
+"""
+from dataclasses import dataclass
+
+from ms_llm.errors import UserError
+
+GIB = 2 ** 30
+FP32_BYTES = 4
+ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
+COMPUTE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+RECOMPUTE_MODES = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    arch: str
+    num_layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    ffn: int
+    seq: int
+    vocab: int
+    tied: bool
+    bias: bool
+
+    @classmethod
+    def from_config(cls, m):
+        """From a validated `ModelConfig` (num_kv_heads and ffn_hidden_size already filled in)."""
+        if m.vocab_size is None:
+            raise UserError("model.vocab_size is null: planning needs the vocabulary size, which training otherwise "
+                            "takes from the dataset manifest. Pass it, e.g. --set model.vocab_size=32000, or use a "
+                            "preset (--set model.preset=llama2-7b).")
+        return cls(m.arch, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads or m.num_heads,
+                   m.ffn_hidden_size, m.seq_length, m.vocab_size, m.tie_embeddings, m.bias and m.arch == "gpt2")
+
+    @property
+    def head_dim(self):
+        return self.hidden // self.heads
+
+    @property
+    def swiglu(self):
+        return self.arch == "llama"
+
+    # -- parameters, split by how tensor parallelism treats them ------------------------------------
+    def layer_split_params(self):
+        """Per layer, the parameters tensor parallelism splits t ways: the attention and MLP matrices and the
+        biases of the column-parallel ones (QKV, MLP up)."""
+        h, d = self.hidden, self.head_dim
+        qkv = h * (self.heads + 2 * self.kv_heads) * d
+        out = self.heads * d * h
+        mlp = (3 if self.swiglu else 2) * h * self.ffn
+        bias = (self.heads + 2 * self.kv_heads) * d + self.ffn if self.bias else 0
+        return qkv + out + mlp + bias
+
+    def layer_replicated_params(self):
+        """Per layer, the parameters every tensor-parallel rank keeps whole: the two norms and the biases of
+        the row-parallel matrices (attention out, MLP down)."""
+        h = self.hidden
+        norms = 2 * (2 * h if self.bias else h)
+        return norms + (2 * h if self.bias else 0)
+
+    def final_norm_params(self):
+        return 2 * self.hidden if self.bias else self.hidden
+
+    def embedding_params(self):
+        """Token embedding plus GPT-2's learned position table (first pipeline stage)."""
+        positions = self.seq * self.hidden if self.arch == "gpt2" else 0
+        return self.vocab * self.hidden + positions
+
+    def head_params(self):
+        """The LM head's own weights: 0 when tied to the embedding (last stage)."""
+        return 0 if self.tied else self.vocab * self.hidden
+
+    def total_params(self):
+        per_layer = self.layer_split_params() + self.layer_replicated_params()
+        return (self.num_layers * per_layer + self.final_norm_params() + self.embedding_params()
+                + self.head_params())
+
+    def matmul_params(self):
+        """Parameters that take part in a matmul: 6 FLOPs each per token. Lookup tables (GPT-2's position
+        table, an untied input embedding) multiply nothing, the rule monitor/throughput.py already applies."""
+        lookups = self.embedding_params() - (self.vocab * self.hidden if self.tied else 0)
+        return self.total_params() - lookups
+
+
+@dataclass(frozen=True)
+class Layout:
+    dp: int
+    mp: int
+    pp: int
+    micro_batch_size: int
+    micro_batch_num: int
+    global_batch: int
+    seq_parallel: bool = False
+    optimizer_shard: bool = False
+    recompute: str = "none"  # none | selective | full
+    full_recompute_layers: tuple = ()  # per stage, when recompute_config.recompute is a list
+    vocab_emb_dp: bool = True
+    compute_dtype: str = "bfloat16"
+    flash_attention: bool = False  # fused attention keeps no s×s scores (Ascend FlashAttentionScore)
+
+    @property
+    def devices(self):
+        return self.dp * self.mp * self.pp
+
+    @property
+    def micro_batches_per_step(self):
+        """Micro-batches each data-parallel replica runs per optimizer step."""
+        return self.global_batch // (self.dp * self.micro_batch_size)
+
+    @property
+    def compute_bytes(self):
+        return COMPUTE_BYTES[self.compute_dtype]
+
+    def describe(self):
+        rc = self.recompute if not self.full_recompute_layers else f"full for {list(self.full_recompute_layers)} " \
+                                                                    f"layers per stage, else {self.recompute}"
+        return (f"dp {self.dp} × mp {self.mp} × pp {self.pp}, optimizer_shard {on(self.optimizer_shard)}, "
+                f"recompute {rc}, seq parallel {on(self.seq_parallel)}, flash attention {on(self.flash_attention)}")
+
+
+def on(flag):
+    return "on" if flag else "off"
+
+
+@dataclass
+class Term:
+    """One line of the memory table: what, how many bytes, and the formula with the numbers put in."""
+    name: str
+    bytes: float
+    formula: str
+
+    def as_dict(self):
+        return {"name": self.name, "bytes": int(self.bytes), "gib": round(self.bytes / GIB, 3),
+                "formula": self.formula}
+
+
+# -- activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models") --
+
+def korthikanti_layer_bytes(s, b, h, a, t=1, seq_parallel=False, recompute="none"):
+    """The paper's per-layer, per-micro-batch activation bytes for a GPT layer (MHA, 4h GELU MLP, dropout),
+    16-bit activations: s·b·h·(34 + 5·a·s/h) without parallelism, s·b·h·(10 + 24/t + 5·a·s/(h·t)) with
+    tensor parallelism t, s·b·h/t·(34 + 5·a·s/h) with sequence parallelism; selective recompute drops the
+    5·a·s/h term; full recompute keeps only the layer input, 2·s·b·h (÷ t under sequence parallelism)."""
+    scores = 0 if recompute == "selective" else 5 * a * s / h
+    if recompute == "full":
+        return 2 * s * b * h / (t if seq_parallel else 1)
+    if seq_parallel:
+        return s * b * h / t * (34 + scores)
+    return s * b * h * (10 + 24 / t + scores / t)
+
+
+def layer_activation_units(shape, t, seq_parallel, recompute, flash=False):
+    """Per-layer activation bytes in units of s·b·h (16-bit), generalised from the paper's 34 + 5·a·s/h to
+    grouped-query attention and SwiGLU, and returned with the formula used.
+
+    Not split by tensor parallelism (10): both norm inputs 4, QKV input 2, MLP input 2, two dropout masks 2.
+    Split t ways: Q 2, K and V 2·kv/a each, attention-out input 2, then the MLP: GELU keeps its input and
+    output, 2·(f/h) each = 4·f/h (16 at f = 4h); SwiGLU keeps gate output, silu output, up output and their
+    product, 8·f/h. The s×s attention scores: 5·a·s/h (softmax output 2, dropout mask 1, dropout output 2).
+    For a GPT-2 layer (kv = a, f = 4h) this is exactly 10 + 24 + 5·a·s/h = 34 + 5·a·s/h.
+    Flash attention stores no scores either (it keeps only per-row softmax statistics, O(s), ignored): the
+    same memory as selective recompute.
+    """
+    h, a, s = shape.hidden, shape.heads, shape.seq
+    if recompute == "full":
+        return (2 / t if seq_parallel else 2), "2" + ("/t" if seq_parallel else "")
+    kv = shape.kv_heads / a
+    mlp = (8 if shape.swiglu else 4) * shape.ffn / h
+    split = 4 + 4 * kv + mlp
+    no_scores = recompute == "selective" or flash
+    scores = 0.0 if no_scores else 5 * a * s / h
+    mlp_txt = f"{8 if shape.swiglu else 4}·f/h"
+    scores_txt = "" if no_scores else " + 5·a·s/h"
+    if seq_parallel:
+        return (10 + split + scores) / t, f"(10 + 4 + 4·kv/a + {mlp_txt}{scores_txt})/t"
+    return 10 + (split + scores) / t, f"10 + (4 + 4·kv/a + {mlp_txt}{scores_txt})/t"
+
+
+def stage_layers(num_layers, pp):
+    """Layers per pipeline stage: an even split, any remainder going to the last stages, which hold the
+    fewest micro-batches in flight under 1F1B."""
+    base, extra = divmod(num_layers, pp)
+    return [base + (1 if i >= pp - extra else 0) for i in range(pp)]
+
+
+def in_flight(stage, layout):
+    """Micro-batches whose activations stage `stage` holds at its peak under 1F1B: pp − stage, capped by the
+    number of micro-batches in a pipeline round."""
+    if layout.pp == 1:
+        return 1
+    return max(1, min(layout.pp - stage, layout.micro_batch_num))
+
+
+def fully_recomputed(stage, layers, layout):
+    """How many of this stage's layers keep only their input."""
+    if layout.full_recompute_layers:
+        return min(layers, layout.full_recompute_layers[stage])
+    return layers if layout.recompute == "full" else 0
+
+
+# -- one device of one stage --------------------------------------------------------------------------
+
+def stage_memory(shape, layout, stage):
+    """The memory terms (list of `Term`) of one device in pipeline stage `stage`."""
+    t, dp = layout.mp, layout.dp
+    c = layout.compute_bytes
+    layers = stage_layers(shape.num_layers, layout.pp)[stage]
+    first, last = stage == 0, stage == layout.pp - 1
+
+    # Parameters on this device, grouped by how many devices hold an identical copy: a tensor-split matrix
+    # is repeated over dp devices, a TP-replicated one over dp·t. MindSpore's optimizer sharding slices each
+    # parameter over exactly those copies ("saves the parameters as minimal slices").
+    split = layers * shape.layer_split_params()
+    replicated = layers * shape.layer_replicated_params() + (shape.final_norm_params() if last else 0)
+    vocab = (shape.embedding_params() if first else 0) + (shape.head_params() if last else 0)
+    if last and shape.tied and not first:
+        vocab += shape.vocab * shape.hidden  # the last stage needs its own copy of a tied embedding
+    if layout.vocab_emb_dp:  # embedding / head whole on every TP rank (MindFormers' vocab_emb_dp)
+        replicated += vocab
+    else:
+        split += vocab
+    split_dev = split / t
+    params = split_dev + replicated
+    shard_split, shard_rep = (dp, dp * t) if layout.optimizer_shard else (1, 1)
+    sharded_params = split_dev / shard_split + replicated / shard_rep
+
+    terms = []
+    p_txt = f"{params:,.0f} params"
+    if layout.optimizer_shard:
+        terms.append(Term("weights, fp32 master (sharded)", FP32_BYTES * sharded_params,
+                          f"4 B × {p_txt} ÷ {dp} (÷ {dp * t} for TP-replicated ones)" if t > 1 else
+                          f"4 B × {p_txt} ÷ {dp}"))
+        terms.append(Term(f"weights, {layout.compute_dtype} copy (all-gathered)", c * params,
+                          f"{c} B × {p_txt}: gathered for forward and backward"))
+        terms.append(Term("gradients, fp32 (reduce-scattered)", FP32_BYTES * sharded_params,
+                          f"4 B × {p_txt} ÷ {dp}"))
+        terms.append(Term("optimizer states, AdamW (sharded)", ADAMW_STATE_BYTES * sharded_params,
+                          f"8 B × {p_txt} ÷ {dp}"))
+    else:
+        terms.append(Term("weights, fp32 master", FP32_BYTES * params, f"4 B × {p_txt}"))
+        if c < FP32_BYTES:
+            terms.append(Term(f"weights, {layout.compute_dtype} copy", c * params, f"{c} B × {p_txt}"))
+        terms.append(Term("gradients, fp32", FP32_BYTES * params, f"4 B × {p_txt}"))
+        terms.append(Term("optimizer states, AdamW", ADAMW_STATE_BYTES * params, f"8 B × {p_txt}"))
+
+    terms += activation_terms(shape, layout, stage, layers)
+    return terms
+
+
+def activation_terms(shape, layout, stage, layers):
+    s, b, h, t = shape.seq, layout.micro_batch_size, shape.hidden, layout.mp
+    sp = layout.seq_parallel and t > 1
+    scale = 2 if layout.compute_dtype == "float32" else 1  # the paper's bytes are for 16-bit activations
+    sbh = s * b * h
+    n_full = fully_recomputed(stage, layers, layout)
+    rest_mode = "none" if layout.recompute == "full" else layout.recompute
+    flight = in_flight(stage, layout)
+    terms = []
+    fp32 = " × 2 (fp32 activations)" if scale == 2 else ""
+    if n_full:
+        units, txt = layer_activation_units(shape, t, sp, "full")
+        terms.append(Term(f"activations, full recompute ({n_full} layers, {flight} in flight)",
+                          n_full * flight * units * sbh * scale,
+                          f"{n_full} layers × {flight} micro-batches × s·b·h × [{txt}] B{fp32}, s·b·h = {sbh:,}"))
+        work, _ = layer_activation_units(shape, t, sp, "none", layout.flash_attention)
+        terms.append(Term("recompute working set (one layer rebuilt)", work * sbh * scale,
+                          f"one layer without recompute: s·b·h × {work:.2f} B{fp32}"))
+    if layers - n_full:
+        units, txt = layer_activation_units(shape, t, sp, rest_mode, layout.flash_attention)
+        label = {"none": "no recompute", "selective": "selective recompute"}[rest_mode]
+        if layout.flash_attention:
+            label += ", flash attn"
+        n = layers - n_full
+        terms.append(Term(f"activations, {label} ({n} layers, {flight} in flight)",
+                          n * flight * units * sbh * scale,
+                          f"{n} layers × {flight} micro-batches × s·b·h × [{txt} = {units:.2f}] B{fp32}, "
+                          f"s·b·h = {sbh:,}"))
+    if stage == layout.pp - 1:
+        tv = 1 if layout.vocab_emb_dp else t
+        logit_bytes = layout.compute_bytes + FP32_BYTES  # logits in compute dtype + fp32 softmax for the loss
+        terms.append(Term("logits and loss (last stage, one micro-batch)", s * b * shape.vocab / tv * logit_bytes,
+                          f"s·b·V{'/t' if tv > 1 else ''} × ({layout.compute_bytes} + 4) B"))
+    return terms
+
+
+def total_bytes(terms):
+    return sum(term.bytes for term in terms)
+
+
+def peak_stage(shape, layout):
+    """(stage index, its terms) of the pipeline stage with the most memory per device."""
+    stages = [stage_memory(shape, layout, i) for i in range(layout.pp)]
+    best = max(range(layout.pp), key=lambda i: total_bytes(stages[i]))
+    return best, stages

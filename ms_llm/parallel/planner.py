@@ -1,0 +1,376 @@
+"""Parallel-layout planner: validity, memory, communication, pipeline bubble and step time of a layout,
+and a search over layouts for a cluster. Pure Python; every number is derived in docs/parallel_planning.md.
+
+The estimate is deliberately simple: compute at an assumed fraction of peak, communication at link
+bandwidth with NO overlap with compute, and a 1F1B pipeline bubble. It ranks layouts and explains their
+costs; it does not replace a measured step (`ms-llm benchmark`).
+"""
+from dataclasses import dataclass, replace
+
+from ms_llm.errors import UserError
+from ms_llm.parallel.memory import (GIB, FP32_BYTES, Layout, ModelShape, peak_stage, stage_layers, total_bytes)
+
+# Defaults: an Atlas 800T A2 node (8 × Ascend 910B-class, 64 GB HBM each, HCCS inside the node, one
+# 200 Gb/s RoCE port per device between nodes).
+DEFAULT_DEVICE_MEMORY_GIB = 64.0
+DEFAULT_DEVICE_TFLOPS = 280.0  # dense 16-bit peak, the same default monitor/throughput.py uses for MFU
+DEFAULT_MFU = 0.5  # share of peak the matmuls sustain; see docs/parallel_planning.md
+DEFAULT_INTRA_GBPS = 196.0  # GB/s per device over HCCS
+DEFAULT_INTER_GBPS = 25.0  # GB/s per device: 200 Gb/s RoCE
+DEFAULT_DEVICES_PER_NODE = 8
+
+COMM_FLAG = 0.20  # communication above 20% of the step: the practitioner's rule of thumb
+BUBBLE_FLAG = 0.20
+TIGHT_MEMORY = 0.90  # above 90% of device memory the runtime's own buffers (HCCL, workspace) may not fit
+
+
+@dataclass(frozen=True)
+class Cluster:
+    devices: int
+    device_memory_gib: float = DEFAULT_DEVICE_MEMORY_GIB
+    device_tflops: float = DEFAULT_DEVICE_TFLOPS
+    mfu: float = DEFAULT_MFU
+    intra_gbps: float = DEFAULT_INTRA_GBPS
+    inter_gbps: float = DEFAULT_INTER_GBPS
+    devices_per_node: int = DEFAULT_DEVICES_PER_NODE
+
+    @property
+    def nodes(self):
+        return -(-self.devices // self.devices_per_node)
+
+
+# -- validity -----------------------------------------------------------------------------------------
+
+def invalid_reasons(shape, layout, devices):
+    """Every reason the layout cannot run, each naming the numbers and the fix ([] when valid)."""
+    d = layout
+    reasons = []
+    if d.dp * d.mp * d.pp != devices:
+        reasons.append(f"data_parallel × model_parallel × pipeline_stage = {d.dp} × {d.mp} × {d.pp} = "
+                       f"{d.dp * d.mp * d.pp}, but the cluster has {devices} devices: make the product equal "
+                       f"{devices} (or set parallel_config.data_parallel: null to derive it)")
+    for name, value in (("model.num_heads", shape.heads), ("model.num_kv_heads", shape.kv_heads),
+                        ("model.ffn_hidden_size", shape.ffn), ("model.hidden_size", shape.hidden)):
+        if value % d.mp:
+            reasons.append(f"{name} = {value} is not divisible by model_parallel = {d.mp}: tensor parallelism "
+                           f"splits it evenly; use a model_parallel that divides {value}")
+    if not d.vocab_emb_dp and shape.vocab % d.mp:
+        reasons.append(f"model.vocab_size = {shape.vocab} is not divisible by model_parallel = {d.mp} with "
+                       f"vocab_emb_dp = false (embedding and head split by vocabulary): pad the vocabulary to a "
+                       f"multiple of {d.mp} or set parallel_config.vocab_emb_dp: true")
+    if d.seq_parallel and d.mp == 1:
+        reasons.append("use_seq_parallel = true needs model_parallel > 1: sequence parallelism splits what tensor "
+                       "parallelism replicates; set it to false")
+    if shape.num_layers < d.pp:
+        reasons.append(f"model.num_layers = {shape.num_layers} is less than pipeline_stage = {d.pp}: every stage "
+                       f"needs at least one layer; use pipeline_stage <= {shape.num_layers}")
+    if d.pp > 1 and d.micro_batch_num < d.pp:
+        reasons.append(f"micro_batch_num = {d.micro_batch_num} is less than pipeline_stage = {d.pp}: a 1F1B pipeline "
+                       f"needs at least one micro-batch per stage in flight; set micro_batch_num >= {d.pp}")
+    per_step = d.dp * d.micro_batch_size
+    if d.global_batch % per_step:
+        reasons.append(f"train.global_batch_size = {d.global_batch} is not divisible by data_parallel × "
+                       f"micro_batch_size = {d.dp} × {d.micro_batch_size} = {per_step}: choose a multiple of "
+                       f"{per_step}")
+    elif d.pp > 1 and d.micro_batch_num >= d.pp and d.micro_batches_per_step % d.micro_batch_num:
+        reasons.append(f"each data-parallel replica runs global / (dp × micro) = {d.micro_batches_per_step} "
+                       f"micro-batches per step, not a multiple of micro_batch_num = {d.micro_batch_num}: the "
+                       f"pipeline runs whole rounds of micro_batch_num; make it divide "
+                       f"{d.micro_batches_per_step}")
+    if d.full_recompute_layers and len(d.full_recompute_layers) != d.pp:
+        reasons.append(f"recompute_config.recompute = {list(d.full_recompute_layers)} lists layers for "
+                       f"{len(d.full_recompute_layers)} stages, but pipeline_stage = {d.pp}: give one count "
+                       f"per stage")
+    return reasons
+
+
+# -- communication --------------------------------------------------------------------------------------
+
+def placement_links(layout, cluster):
+    """Which link each kind of traffic crosses. Ranks are laid out as MindSpore does: model parallel
+    innermost, then data parallel, pipeline stages outermost; so a TP group is mp consecutive devices, a
+    DP group spans dp·mp devices, and stage neighbours are devices/pp apart."""
+    per_node = cluster.devices_per_node
+    tp = "intra" if layout.mp <= per_node else "inter"
+    dp = "intra" if layout.dp * layout.mp <= per_node else "inter"
+    pp = "intra" if layout.devices <= per_node else "inter"
+    return {"data_parallel": dp, "tensor_parallel": tp, "pipeline": pp}
+
+
+def ring(n):
+    """Bytes each device sends in a ring all-reduce, per byte of the buffer."""
+    return 2 * (n - 1) / n
+
+
+def communication(shape, layout, cluster):
+    """Bytes each device sends per optimizer step, by kind, with the link used and the formula."""
+    links = placement_links(layout, cluster)
+    c = layout.compute_bytes
+    s, b, h = shape.seq, layout.micro_batch_size, shape.hidden
+    sbh = s * b * h
+    micro = layout.micro_batches_per_step
+    kinds = {}
+
+    # Data parallel: gradients of the parameters one device holds (the largest stage).
+    stage_params = max(device_params(shape, layout, i) for i in range(layout.pp))
+    dp = layout.dp
+    if dp > 1:
+        if layout.optimizer_shard:
+            # The weight all-gather happens after the cast to the compute dtype and its backward is the
+            # gradient reduce-scatter, so both move 16-bit data (MindSpore's parallel optimizer).
+            vol = 2 * (dp - 1) / dp * c * stage_params
+            formula = (f"reduce-scatter + all-gather: 2 × (dp−1)/dp × {c} B × {stage_params:,.0f} params "
+                       f"(dp = {dp})")
+            op = "reduce-scatter + all-gather"
+        else:
+            vol = ring(dp) * FP32_BYTES * stage_params
+            formula = f"all-reduce: 2(dp−1)/dp × 4 B × {stage_params:,.0f} params (fp32 gradients, dp = {dp})"
+            op = "all-reduce"
+        kinds["data_parallel"] = dict(op=op, bytes=vol, link=links["data_parallel"], formula=formula)
+
+    # Tensor parallel: 2 all-reduces of s·b·h in forward, 2 in backward, per layer and micro-batch; full
+    # recompute re-runs the forward and its 2 all-reduces. Sequence parallelism turns each all-reduce into
+    # an all-gather + reduce-scatter of the same total volume.
+    t = layout.mp
+    if t > 1:
+        layers = max(stage_layers(shape.num_layers, layout.pp))
+        per_layer = 4 + (2 if layout.recompute == "full" or layout.full_recompute_layers else 0)
+        vol = per_layer * ring(t) * sbh * c * layers * micro
+        op = "all-gather + reduce-scatter" if layout.seq_parallel else "all-reduce"
+        kinds["tensor_parallel"] = dict(op=op, bytes=vol, link=links["tensor_parallel"],
+                                        formula=f"{per_layer} × 2(t−1)/t × s·b·h × {c} B × {layers} layers × "
+                                                f"{micro} micro-batches (t = {t})")
+
+    # Pipeline: activations forward and their gradients backward cross each stage boundary.
+    if layout.pp > 1:
+        sends = 2 if layout.pp > 2 else 1  # a middle stage sends both ways; an end stage one way each pass
+        vol = 2 * sends * sbh * c * micro
+        kinds["pipeline"] = dict(op="send/recv", bytes=vol, link=links["pipeline"],
+                                 formula=f"2 (fwd + bwd) × {sends} neighbour(s) × s·b·h × {c} B × {micro} "
+                                         f"micro-batches")
+    for k in kinds.values():
+        gbps = cluster.intra_gbps if k["link"] == "intra" else cluster.inter_gbps
+        k["gbps"] = gbps
+        k["seconds"] = k["bytes"] / (gbps * 1e9)
+    return kinds
+
+
+def device_params(shape, layout, stage):
+    """Parameters one device of `stage` computes with (its TP shard, whole embedding if vocab_emb_dp)."""
+    layers = stage_layers(shape.num_layers, layout.pp)[stage]
+    t = layout.mp
+    n = layers * (shape.layer_split_params() / t + shape.layer_replicated_params())
+    last = stage == layout.pp - 1
+    vocab = (shape.embedding_params() if stage == 0 else 0) + (shape.head_params() if last else 0)
+    if last and shape.tied and stage != 0:
+        vocab += shape.vocab * shape.hidden
+    n += vocab if layout.vocab_emb_dp else vocab / t
+    return n + (shape.final_norm_params() if last else 0)
+
+
+# -- time -----------------------------------------------------------------------------------------------
+
+def bubble_fraction(layout):
+    """Idle share of a 1F1B pipeline round: (pp − 1) / (m + pp − 1)."""
+    return (layout.pp - 1) / (layout.micro_batch_num + layout.pp - 1) if layout.pp > 1 else 0.0
+
+
+def recompute_share(shape, layout):
+    """(share of layers fully recomputed, share selectively recomputed)."""
+    if layout.full_recompute_layers:
+        per_stage = stage_layers(shape.num_layers, layout.pp)
+        full = sum(min(n, k) for n, k in zip(per_stage, layout.full_recompute_layers)) / shape.num_layers
+    else:
+        full = 1.0 if layout.recompute == "full" else 0.0
+    selective = (1 - full) if layout.recompute == "selective" else 0.0
+    return full, selective
+
+
+def flops_per_token(shape, layout):
+    """Training FLOPs per token a device executes, with the formula: 6·N + 12·L·h·s (PaLM appendix B),
+    × 4/3 on the layers fully recomputed (one more forward), + 4·L·h·s per selectively recomputed layer
+    (QKᵀ and attention·V forward again). With causal flash attention the kernel skips the masked half of
+    the s×s blocks, so attention costs 6·L·h·s, plus 1·L·h·s for the QKᵀ its backward recomputes."""
+    n = shape.matmul_params()
+    L, h, s = shape.num_layers, shape.hidden, shape.seq
+    full, selective = recompute_share(shape, layout)
+    flash = layout.flash_attention
+    attention = (6 if flash else 12) * L * h * s
+    extra = L * h * s if flash else 4 * selective * L * h * s
+    total = (6 * n + attention) * (1 + full / 3) + extra
+    txt = f"6·{n:,} + {6 if flash else 12}·{L}·{h}·{s}"
+    if full:
+        txt = f"({txt}) × (1 + {full:g}/3)"
+    if flash:
+        txt += f" + {L}·{h}·{s} (flash attention: causal half, QKᵀ recomputed)"
+    elif selective:
+        txt += f" + 4·{selective:g}·{L}·{h}·{s}"
+    return total, txt
+
+
+def estimate(shape, layout, cluster):
+    """All numbers of one valid layout: memory per stage, communication, bubble, step time, flags."""
+    peak_index, stages = peak_stage(shape, layout)
+    peak = total_bytes(stages[peak_index])
+    comm = communication(shape, layout, cluster)
+    per_token, flops_txt = flops_per_token(shape, layout)
+    tokens_step = layout.global_batch * shape.seq
+    flops_device = per_token * tokens_step / layout.devices
+    compute_s = flops_device / (cluster.device_tflops * 1e12 * cluster.mfu)
+    bubble = bubble_fraction(layout)
+    pipeline_s = compute_s / (1 - bubble)  # a round takes (m + pp − 1) slots for m slots of work
+    comm_s = sum(k["seconds"] for k in comm.values())
+    step_s = pipeline_s + comm_s  # no overlap of communication with compute
+    tokens_per_s = tokens_step / step_s
+    result = dict(
+        layout=layout_dict(layout),
+        memory=dict(peak_stage=peak_index, peak_bytes=int(peak), peak_gib=round(peak / GIB, 3),
+                    device_gib=cluster.device_memory_gib,
+                    stages=[dict(stage=i, total_gib=round(total_bytes(t) / GIB, 3),
+                                 terms=[term.as_dict() for term in t]) for i, t in enumerate(stages)]),
+        communication={k: dict(op=v["op"], gb=round(v["bytes"] / 1e9, 3), link=v["link"], gbps=v["gbps"],
+                               seconds=round(v["seconds"], 4), formula=v["formula"]) for k, v in comm.items()},
+        flops_per_token=per_token, flops_formula=flops_txt, flops_per_device_step=flops_device,
+        compute_s=compute_s, bubble_fraction=bubble, pipeline_s=pipeline_s, comm_s=comm_s, step_s=step_s,
+        comm_fraction=comm_s / step_s, tokens_per_s_device=tokens_per_s / layout.devices,
+        tokens_per_s_total=tokens_per_s,
+        mfu_assumed=cluster.mfu, device_tflops=cluster.device_tflops,
+    )
+    result["fits"] = peak <= cluster.device_memory_gib * GIB
+    result["flags"] = flags(result, layout, cluster)
+    return result
+
+
+def flags(r, layout, cluster):
+    out = []
+    mem = r["memory"]
+    if not r["fits"]:
+        out.append(f"memory: stage {mem['peak_stage']} needs {mem['peak_gib']:.1f} GiB per device, more than the "
+                   f"{cluster.device_memory_gib:g} GiB available: shard the optimizer, recompute, or raise "
+                   f"model/pipeline parallelism")
+    elif mem["peak_gib"] > TIGHT_MEMORY * cluster.device_memory_gib:
+        out.append(f"memory: {mem['peak_gib']:.1f} GiB is above {TIGHT_MEMORY:.0%} of {cluster.device_memory_gib:g}"
+                   f" GiB; the runtime's own buffers may not fit (MindFormers caps max_device_memory at 58GB)")
+    if r["comm_fraction"] > COMM_FLAG:
+        worst = max(r["communication"].items(), key=lambda kv: kv[1]["seconds"])[0]
+        out.append(f"communication: {r['comm_fraction']:.0%} of the step (> {COMM_FLAG:.0%}), mostly "
+                   f"{worst.replace('_', ' ')}")
+    if r["bubble_fraction"] > BUBBLE_FLAG:
+        out.append(f"pipeline bubble: {r['bubble_fraction']:.0%} of the step (> {BUBBLE_FLAG:.0%}); raise "
+                   f"micro_batch_num (bubble = (pp−1)/(m+pp−1))")
+    if layout.mp > cluster.devices_per_node:
+        out.append(f"tensor parallelism across nodes: mp = {layout.mp} > {cluster.devices_per_node} devices per "
+                   f"node puts per-layer all-reduces on the inter-node link")
+    return out
+
+
+def layout_dict(layout):
+    d = {k: getattr(layout, k) for k in ("dp", "mp", "pp", "micro_batch_size", "micro_batch_num", "global_batch",
+                                          "seq_parallel", "optimizer_shard", "recompute", "vocab_emb_dp",
+                                          "compute_dtype", "flash_attention")}
+    d["full_recompute_layers"] = list(layout.full_recompute_layers)
+    return d
+
+
+# -- from a config --------------------------------------------------------------------------------------
+
+def flash_attention_default(cfg):
+    """Whether ms_llm would use Ascend's FlashAttentionScore: the rule of ms_llm/nn/attention.py
+    (16-bit compute, head size a multiple of 16, no dropout), the device assumed to be Ascend."""
+    m = cfg.model
+    return (cfg.precision.compute_dtype in ("float16", "bfloat16") and (m.hidden_size // m.num_heads) % 16 == 0
+            and m.dropout == 0)
+
+
+def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_NODE, flash_attention=None):
+    """(Layout, devices) for a loaded Config. devices: --devices, else dp·mp·pp, else one node.
+    flash_attention: None = ms_llm's own rule (`flash_attention_default`)."""
+    pc, rc = cfg.parallel_config, cfg.recompute_config
+    if devices is not None and devices <= 0:
+        raise UserError(f"--devices = {devices} must be a positive number of devices, e.g. --devices 8.")
+    model_pipe = pc.model_parallel * pc.pipeline_stage
+    if devices is None:
+        devices = pc.data_parallel * model_pipe if pc.data_parallel else max(devices_per_node, model_pipe)
+    dp = pc.data_parallel or max(1, devices // model_pipe)
+    full_layers = ()
+    if isinstance(rc.recompute, list):
+        full_layers = tuple(rc.recompute)
+        if any(n < 0 for n in full_layers):
+            raise UserError(f"recompute_config.recompute = {rc.recompute}: layer counts must be >= 0.")
+        mode = "selective" if rc.select_recompute else "none"
+    else:
+        mode = "full" if rc.recompute else "selective" if rc.select_recompute else "none"
+    layout = Layout(dp=dp, mp=pc.model_parallel, pp=pc.pipeline_stage, micro_batch_size=cfg.train.micro_batch_size,
+                    micro_batch_num=pc.micro_batch_num, global_batch=cfg.train.global_batch_size,
+                    seq_parallel=pc.use_seq_parallel, optimizer_shard=pc.optimizer_shard, recompute=mode,
+                    full_recompute_layers=full_layers, vocab_emb_dp=pc.vocab_emb_dp,
+                    compute_dtype=cfg.precision.compute_dtype,
+                    flash_attention=flash_attention_default(cfg) if flash_attention is None else flash_attention)
+    return layout, devices  # when devices is no multiple of mp·pp, invalid_reasons names the mismatch
+
+
+def plan(cfg, cluster, layout):
+    """Estimate for the config's own layout; raises UserError listing every reason it is invalid."""
+    shape = ModelShape.from_config(cfg.model)
+    reasons = invalid_reasons(shape, layout, cluster.devices)
+    if reasons:
+        raise UserError(f"the layout {layout.describe()} cannot run on {cluster.devices} devices: "
+                        + "; ".join(reasons) + ". Fix the config or run with --search to list layouts that fit.")
+    return shape, estimate(shape, layout, cluster)
+
+
+# -- search ---------------------------------------------------------------------------------------------
+
+def powers_of_two_dividing(n, limit):
+    out, k = [], 1
+    while k <= min(n, limit):
+        if n % k == 0:
+            out.append(k)
+        k *= 2
+    return out
+
+
+def candidate_layouts(shape, base, cluster):
+    """Every (dp, mp, pp, recompute, optimizer_shard) for the cluster: mp and pp powers of two dividing the
+    device count, mp within a node; each pipeline runs all of a replica's micro-batches in one round
+    (micro_batch_num = global / (dp · micro)), the smallest bubble the batch allows."""
+    n = cluster.devices
+    for mp in powers_of_two_dividing(n, cluster.devices_per_node):
+        for pp in powers_of_two_dividing(n // mp, n):
+            dp = n // (mp * pp)
+            per_replica = base.global_batch // (dp * base.micro_batch_size) if dp * base.micro_batch_size else 0
+            # with flash attention, selective recompute saves nothing more (no scores are stored anyway)
+            modes = ("none", "full") if base.flash_attention else ("none", "selective", "full")
+            for recompute in modes:
+                for shard in ((False, True) if dp > 1 else (False,)):
+                    yield replace(base, dp=dp, mp=mp, pp=pp, micro_batch_num=max(1, per_replica) if pp > 1 else 1,
+                                  recompute=recompute, optimizer_shard=shard, full_recompute_layers=(),
+                                  seq_parallel=base.seq_parallel and mp > 1)
+
+
+def search(shape, base, cluster):
+    """Valid layouts that fit device memory, fastest first; each with a one-line reason."""
+    results = []
+    for layout in candidate_layouts(shape, base, cluster):
+        if invalid_reasons(shape, layout, cluster.devices):
+            continue
+        r = estimate(shape, layout, cluster)
+        if not r["fits"]:
+            continue
+        r["reason"] = reason_line(r, layout, cluster)
+        results.append(r)
+    results.sort(key=lambda r: -r["tokens_per_s_device"])
+    return results
+
+
+def reason_line(r, layout, cluster):
+    rc = {"none": "without recompute", "selective": "with selective recompute",
+          "full": "only with full recompute"}[layout.recompute]
+    parts = [f"fits {rc} ({r['memory']['peak_gib']:.1f} of {cluster.device_memory_gib:g} GiB)",
+             f"comm {r['comm_fraction']:.0%}"]
+    if layout.pp > 1:
+        parts.append(f"bubble {r['bubble_fraction']:.0%}")
+    if r["communication"]:
+        worst_kind, worst = max(r["communication"].items(), key=lambda kv: kv[1]["seconds"])
+        parts.append(f"largest: {worst_kind.replace('_', ' ')} {worst['seconds']:.2f} s over {worst['link']}-node")
+    return "; ".join(parts)

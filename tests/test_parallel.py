@@ -1,0 +1,205 @@
+"""The parallel plan is data: strategies, stages, recompute and validation, checked on CPU."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, ms_llm
+from ms_llm.config import load_config, resolve_runtime
+from ms_llm.errors import UserError
+from ms_llm.parallel.layout import balanced_stages, build_plan
+
+CONFIGS = os.path.join(ROOT, "configs")
+
+
+def cfg(*overrides, base=None):
+    return load_config(os.path.join(CONFIGS, base) if base else None, list(overrides))
+
+
+@pytest.mark.parametrize("name, devices, dp, mp, expected", [
+    ("llama2_7b_8p.yaml", 8, 8, 1, {
+        "layers.{i}.attention.qkv.matmul": ((8, 1), (1, 1)),
+        "layers.{i}.attention.core.qk": ((8, 1, 1, 1), (8, 1, 1, 1)),
+        "layers.{i}.attention.core.softmax": ((8, 1, 1, 1),),
+        "layers.{i}.attention.core.pv": ((8, 1, 1, 1), (8, 1, 1, 1)),
+        "layers.{i}.attention.out.matmul": ((8, 1), (1, 1)),
+        "layers.{i}.mlp.gate_up.matmul": ((8, 1), (1, 1)),
+        "layers.{i}.mlp.down.matmul": ((8, 1), (1, 1)),
+        "layers.{i}.attn_norm.op": ((8, 1), (1,)), "layers.{i}.mlp_norm.op": ((8, 1), (1,)),
+        "embedding_gather": ((1, 1), (8, 1)), "head_matmul": ((8, 1), (1, 1))}),
+    ("llama2_13b_16p.yaml", 16, 4, 4, {
+        "layers.{i}.attention.qkv.matmul": ((4, 1), (4, 1)),         # column parallel: heads split
+        "layers.{i}.attention.core.qk": ((4, 4, 1, 1), (4, 4, 1, 1)),
+        "layers.{i}.attention.core.softmax": ((4, 4, 1, 1),),
+        "layers.{i}.attention.core.pv": ((4, 4, 1, 1), (4, 4, 1, 1)),
+        "layers.{i}.attention.out.matmul": ((4, 4), (1, 4)),         # row parallel
+        "layers.{i}.mlp.gate_up.matmul": ((4, 1), (4, 1)),
+        "layers.{i}.mlp.down.matmul": ((4, 4), (1, 4)),
+        "layers.{i}.attn_norm.op": ((16, 1), (1,)),                 # sequence parallel: tokens over dp x mp
+        "layers.{i}.mlp_norm.op": ((16, 1), (1,)),
+        "embedding_gather": ((1, 1), (4, 1)), "head_matmul": ((4, 1), (1, 1))}),
+    ("gpt2_124m_8p.yaml", 8, 8, 1, {
+        "layers.{i}.attention.qkv.matmul": ((8, 1), (1, 1)), "layers.{i}.mlp.up.matmul": ((8, 1), (1, 1)),
+        "layers.{i}.mlp.down.matmul": ((8, 1), (1, 1)), "layers.{i}.attn_norm.op": ((8, 1), (1,), (1,)),
+        "layers.{i}.attention.core.qk": ((8, 1, 1, 1), (8, 1, 1, 1)), "head_matmul": ((8, 1), (1, 1))}),
+])
+def test_config_layouts_assign_the_expected_strategy_to_every_primitive(name, devices, dp, mp, expected):
+    plan = build_plan(cfg(base=name), devices)
+    assert (plan.dp, plan.mp, plan.pp) == (dp, mp, 1)
+    for path, strategy in expected.items():
+        assert plan.strategies[path] == strategy, path
+    assert plan.strategy_for("layers.7.attention.qkv.matmul") == expected["layers.{i}.attention.qkv.matmul"]
+    if mp > 1 and plan.seq_parallel:  # row-parallel outputs are reduce-scattered along the tokens
+        assert plan.out_strategy_for("layers.3.mlp.down.matmul") == ((dp * mp, 1),)
+    # the Llama configs recompute every layer (as MindFormers does at seq 4096); GPT-2 124M needs none
+    assert set(plan.recompute_of_layer) == ({"full"} if name.startswith("llama") else {None})
+    assert plan.stage_of_layer == [0] * len(plan.stage_of_layer)
+
+
+def test_pipeline_stages_balanced_with_override_and_recompute_per_stage():
+    assert balanced_stages(8, 4) == [0, 0, 1, 1, 2, 2, 3, 3]
+    assert balanced_stages(7, 3) == [0, 0, 1, 1, 1, 2, 2]  # the remainder goes to a middle stage
+    assert balanced_stages(10, 4) == [0, 0, 1, 1, 1, 2, 2, 2, 3, 3]
+    c = cfg("model.preset=llama2-13b", "parallel_config.data_parallel=2", "parallel_config.model_parallel=4",
+            "parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=8", "train.global_batch_size=16",
+            "train.micro_batch_size=1", "parallel_config.stage_layers=[19, 21]", "recompute_config.recompute=[19, 5]",
+            "recompute_config.select_recompute=true")
+    plan = build_plan(c, 16)
+    assert plan.layers_of_stage(0) == list(range(19)) and len(plan.layers_of_stage(1)) == 21
+    assert plan.recompute_of_layer[:19] == ["full"] * 19  # stage 0: all 19 fully recomputed
+    assert plan.recompute_of_layer[19:24] == ["full"] * 5 and plan.recompute_of_layer[24:] == ["select"] * 16
+    assert plan.bubble == pytest.approx(1 / 9)
+    assert "stage 1: layers 19-39 (21) + final norm, LM head" in plan.table()
+
+
+@pytest.mark.parametrize("overrides, devices, words", [
+    (["parallel_config.data_parallel=2", "parallel_config.model_parallel=2"], 8, ["2 × 2 × 1", "8 devices"]),
+    (["model.preset=llama2-7b", "parallel_config.model_parallel=3", "model.num_heads=30", "model.hidden_size=3840"],
+     3, ["model.ffn_hidden_size = 11008 is not divisible by parallel_config.model_parallel = 3"]),
+    (["model.preset=llama2-7b", "parallel_config.model_parallel=5"], 5, ["model.num_heads = 32 is not divisible"]),
+    (["model.preset=llama2-70b", "parallel_config.model_parallel=16"], 16, ["model.num_kv_heads = 8"]),
+    (["model.preset=llama2-7b", "parallel_config.model_parallel=2", "model.vocab_size=32001",
+      "parallel_config.vocab_emb_dp=false"], 2, ["model.vocab_size = 32001", "vocab_emb_dp"]),
+    (["model.num_layers=2", "parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=4",
+      "train.global_batch_size=48"], 4, ["model.num_layers = 2 is smaller than parallel_config.pipeline_stage = 4"]),
+    (["parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=2", "train.global_batch_size=24"], 4,
+     ["micro_batch_num = 2", "= 2"]),
+    (["parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=2", "train.global_batch_size=24",
+      "train.micro_batch_size=12"], 4, ["is smaller than pipeline_stage = 4"]),
+    (["parallel_config.use_seq_parallel=true"], 1, ["use_seq_parallel = true needs parallel_config.model_parallel > 1"]),
+    (["parallel_config.data_parallel=5", "train.global_batch_size=12"], 5, ["12 is not divisible", "12 × 5 = 60"]),
+    (["parallel_config.pipeline_stage=2", "parallel_config.stage_layers=[1, 2]", "parallel_config.micro_batch_num=2",
+      "train.global_batch_size=24"], 2, ["stage_layers = [1, 2]"]),
+    (["recompute_config.recompute=[1, 1]"], 1, ["recompute_config.recompute = [1, 1]"]),
+])
+def test_invalid_layouts_are_explained(overrides, devices, words):
+    with pytest.raises(UserError) as e:
+        build_plan(cfg(*overrides), devices)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_pipeline_bubble_warning_below_four_micro_batches_per_stage():
+    plan = build_plan(cfg("parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=3",
+                          "train.global_batch_size=36"), 2)
+    assert plan.warnings and "bubble 25%" in plan.warnings[0]
+
+
+def test_cpu_refuses_model_and_pipeline_parallel_and_optimizer_sharding():
+    for o in ("parallel_config.model_parallel=2", "parallel_config.optimizer_shard=true"):
+        with pytest.raises(UserError, match="needs Ascend or GPU devices; on CPU only data parallelism runs"):
+            resolve_runtime(cfg(o), 2, "CPU")
+
+
+def test_shard_model_applies_the_plan_by_name():
+    import mindspore as ms
+    from mindspore.nn.utils import no_init_parameters
+
+    from model_zoo import build_model
+    from ms_llm.parallel.apply import shard_model
+
+    c = cfg("model.preset=tiny-llama", "model.vocab_size=64", "parallel_config.model_parallel=2",
+            "parallel_config.data_parallel=2", "parallel_config.use_seq_parallel=true", "train.global_batch_size=24")
+    plan = build_plan(c, 4)
+    with no_init_parameters():
+        model = build_model(c.model)
+    applied = shard_model(model, plan)
+    prims = {f"{p}.{a}" if p else a: prim for p, cell in model.cells_and_names() for a, prim in cell._primitives.items()
+             if prim is not None}
+    for i in range(c.model.num_layers):
+        for op in ("attention.qkv.matmul", "attention.core.qk", "attention.core.softmax", "attention.core.pv",
+                   "attention.out.matmul", "mlp.gate_up.matmul", "mlp.down.matmul"):
+            path = f"layers.{i}.{op}"
+            assert tuple(prims[path].in_strategy) == plan.strategy_for(path) and path in applied
+    assert tuple(prims["layers.1.mlp.down.matmul"].out_strategy) == ((4, 1),)
+    assert tuple(prims["embedding_gather"].in_strategy) == ((1, 1), (2, 1))
+    assert len(applied) == 7 * c.model.num_layers + 2  # norms are functional on CPU: nothing else to shard
+    del ms
+
+
+RECOMPUTE_PROBE = r"""
+import glob, os, sys
+import mindspore as ms
+out = sys.argv[1]
+ms.set_context(save_graphs=1, save_graphs_path=out)
+from ms_llm.config import load_config
+from ms_llm.train.session import open_session
+cfg = load_config(os.path.join(sys.argv[2], "configs", "shakespeare_char.yaml"),
+                  ["monitor.summary=false", "context.compile_cache=false", "model.num_layers=2",
+                   f"data.dataset_dir={sys.argv[3]}", "data.source=null", "model.seq_length=32"] + sys.argv[4:])
+s = open_session(cfg, echo=lambda *a: None)
+print("LOSSES", [float(s.train_step()[0].asnumpy()) for _ in range(4)])
+final = sorted(glob.glob(os.path.join(out, "**", "*execute*.ir"), recursive=True), key=os.path.getmtime)[-1]
+text = open(final).read()
+print("COUNTS", text.count("Sigmoid("), text.count("Softmax("))
+"""
+
+
+def test_recompute_shows_in_the_compiled_graph_and_keeps_the_losses(dataset, tmp_path):
+    def probe(name, *overrides):
+        proc = subprocess.run([sys.executable, "-c", RECOMPUTE_PROBE, str(tmp_path / name), ROOT, dataset, *overrides],
+                              capture_output=True, text=True, env=dict(os.environ, GLOG_v="3"), timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        lines = dict(l.split(" ", 1) for l in proc.stdout.splitlines() if l.startswith(("LOSSES", "COUNTS")))
+        gelu_sigmoids, softmaxes = map(int, lines["COUNTS"].split())
+        return lines["LOSSES"], gelu_sigmoids, softmaxes
+
+    plain = "context.cpu_kernels=false"  # the composed GELU shows up as Sigmoid nodes that can be counted
+    base_losses, base_gelu, base_softmax = probe("none", plain)
+    full_losses, full_gelu, full_softmax = probe("full", plain, "recompute_config.recompute=true")
+    sel_losses, sel_gelu, sel_softmax = probe("select", "recompute_config.select_recompute=true")
+    assert base_softmax == 2 and base_gelu == 2  # two layers, each op once in the forward
+    assert base_losses == full_losses == sel_losses  # recompute changes memory, never the numbers
+    assert full_gelu == 2 * base_gelu and full_softmax == 2 * base_softmax  # every layer's forward runs twice
+    assert sel_gelu == 2 * base_gelu and sel_softmax == 2 * base_softmax  # the selected ops run twice
+
+
+def test_reshard_split_for_model_parallel_then_merge_is_bit_identical(tmp_path):
+    from ms_llm.checkpoint import store
+    from ms_llm.config import save_config
+
+    c = cfg("model.preset=tiny-llama", "model.vocab_size=64")
+    rng = np.random.default_rng(0)
+    from mindspore.nn.utils import no_init_parameters
+    from model_zoo import build_model
+    with no_init_parameters():
+        shapes = {n: tuple(p.shape) for n, p in build_model(c.model).parameters_and_names()}
+    full = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    full.update({f"adam_m.{n}": rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()})
+    store.write_tensors(str(tmp_path / "full.ckpt"), full, "ckpt")
+    save_config(c, str(tmp_path / "config.yaml"))
+    layout = ["--set", "parallel_config.model_parallel=2", "--set", "parallel_config.data_parallel=2"]
+    proc = ms_llm("convert", "--split", str(tmp_path / "full.ckpt"), "--config", str(tmp_path / "config.yaml"),
+                  *layout, "--devices", "4", "--output", str(tmp_path / "shards"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    r1 = store.read_tensors(str(tmp_path / "shards" / "rank_1" / "model.ckpt"))
+    assert r1["layers.0.attention.qkv.weight"].shape == (shapes["layers.0.attention.qkv.weight"][0] // 2, 64)
+    assert r1["layers.0.mlp.down.weight"].shape == (64, shapes["layers.0.mlp.down.weight"][1] // 2)
+    assert np.array_equal(r1["layers.0.attn_norm.weight"], full["layers.0.attn_norm.weight"])  # replicated
+    proc = ms_llm("convert", "--merge", str(tmp_path / "shards"), "--config", str(tmp_path / "config.yaml"),
+                  *layout, "--devices", "4", "--output", str(tmp_path / "merged.ckpt"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    merged = store.read_tensors(str(tmp_path / "merged.ckpt"))
+    assert merged.keys() == full.keys() and all(np.array_equal(merged[k], full[k]) for k in full)
