@@ -183,6 +183,12 @@ def build_parser():
     p.add_argument("--format", choices=("ckpt", "safetensors"), default="ckpt", help="with --from-hf")
     p.set_defaults(func=cmd_convert)
 
+    from ms_llm.debug.diagnose_cli import add_parsers as add_diagnose_parsers
+    from ms_llm.parallel.plan_cli import add_parser as add_plan_parser
+
+    add_plan_parser(sub)
+    add_diagnose_parsers(sub)
+
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--run-dir", required=True)
     p.add_argument("--prompt", default="\n")
@@ -199,14 +205,14 @@ def build_parser():
 def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        code = args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return e.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":

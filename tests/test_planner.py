@@ -172,6 +172,17 @@ def test_bubble_fraction_is_one_f_one_b():
     assert planner.bubble_fraction(layout(dp=2, pp=4, micro_batch_num=8)) == pytest.approx(3 / 11)
 
 
+def test_layers_split_like_ms_llm_and_follow_stage_layers():
+    from ms_llm.parallel.memory import layers_per_stage
+
+    shape = shape_of("model.preset=llama2-13b")  # 40 layers
+    assert layers_per_stage(shape, layout(dp=1, pp=8, micro_batch_num=64)) == [5] * 8
+    assert layers_per_stage(shape, layout(dp=2, pp=3, micro_batch_num=32)) == [13, 14, 13]  # remainder in the middle
+    custom = layout(dp=4, pp=2, micro_batch_num=16, stage_layers=(18, 22))
+    assert layers_per_stage(shape, custom) == [18, 22]
+    assert planner.invalid_reasons(shape, custom, 8) == []
+
+
 def test_step_time_adds_compute_at_the_assumed_utilisation_and_unoverlapped_communication():
     shape = shape_of("model.preset=llama2-7b")
     r = planner.estimate(shape, layout(recompute="full"), planner.Cluster(8))
@@ -198,15 +209,17 @@ def test_step_time_adds_compute_at_the_assumed_utilisation_and_unoverlapped_comm
      "model.hidden_size = 768 is not divisible by model_parallel = 512"),
     (["model.vocab_size=32001", "parallel_config.model_parallel=2", "parallel_config.vocab_emb_dp=false"], 8, 1,
      "model.vocab_size = 32001 is not divisible by model_parallel = 2"),
-    (["model.num_layers=2", "parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=4"], 8, 1,
+    (["model.num_layers=2", "parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=32"], 8, 1,
      "model.num_layers = 2 is less than pipeline_stage = 4"),
-    (["parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=2"], 8, 1,
+    (["parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=2", "train.global_batch_size=4"], 8, 1,
      "micro_batch_num = 2 is less than pipeline_stage = 4"),
     (["train.global_batch_size=12"], 8, 1,
      "train.global_batch_size = 12 is not divisible by data_parallel × micro_batch_size = 8 × 1 = 8"),
     (["parallel_config.use_seq_parallel=true"], 8, 1, "use_seq_parallel = true needs model_parallel > 1"),
-    (["parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=3"], 8, 1,
-     "16 micro-batches per step, not a multiple of micro_batch_num = 3"),
+    (["parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=8"], 8, 1,
+     "global / (dp × micro) = 64 / (4 × 1) = 16; set micro_batch_num: 16"),
+    (["parallel_config.pipeline_stage=2", "parallel_config.micro_batch_num=16", "parallel_config.stage_layers=[10, 20]"],
+     8, 1, "stage_layers = [10, 20] must list 2 positive layer counts summing to model.num_layers = 32"),
 ])
 def test_each_invalid_layout_names_its_reason(overrides, devices, count, words):
     cfg = load_config(None, ["model.preset=llama2-7b", "train.global_batch_size=64", "train.micro_batch_size=1"]
@@ -278,7 +291,7 @@ def run_plan(capsys, *argv):
 def test_cli_prints_the_table_with_units(capsys):
     out = run_plan(capsys, *[a for s in BF16_7B for a in ("--set", s)],
                    "--set", "parallel_config.model_parallel=2", "--set", "parallel_config.pipeline_stage=2",
-                   "--set", "parallel_config.micro_batch_num=16", "--devices", "8")
+                   "--set", "parallel_config.micro_batch_num=32", "--devices", "8")
     for words in ("dp 2 × mp 2 × pp 2", "memory per device, stage 0 of 2 (the peak)", "GiB", "optimizer states",
                   "tensor parallel", "pipeline", "GB/s", "bubble (pp−1)/(m+pp−1)", "no overlap", "tokens/s per device",
                   "flags:"):

@@ -51,6 +51,14 @@ class DataConfig:
 
 
 @dataclass
+class AnomalyConfig:
+    zscore: float = opt(6.0, "skip an update whose grad norm or loss is this many std devs above the running mean")
+    window: int = opt(50, "steps of history for the running mean / std (no skipping before that)")
+    max_nonfinite: int = opt(3, "after this many consecutive non-finite steps, roll back to the last checkpoint")
+    lr_factor: float = opt(0.5, "multiply the learning rate by this at each rollback")
+
+
+@dataclass
 class TrainConfig:
     global_batch_size: int = opt(12, "samples per optimizer step over all ranks and micro-batches")
     micro_batch_size: int = opt(12, "samples per forward/backward on one rank; "
@@ -72,6 +80,8 @@ class TrainConfig:
     log_interval: int = opt(10, "steps between log lines")
     eval_interval: int = opt(250, "steps between validation passes (0: only at the end)")
     eval_steps: int = opt(200, "validation batches of global_batch_size samples per pass (capped at the split size)")
+    anomaly: Optional[AnomalyConfig] = opt(None, "anomaly guard: skip spiking updates, roll back after repeated "
+                                                 "non-finite steps (null: off; true: defaults)")
 
 
 @dataclass
@@ -130,10 +140,23 @@ class ProfileConfig:
 
 
 @dataclass
+class TensorStatsConfig:
+    every: int = opt(100, "record statistics every this many steps")
+    targets: List[str] = opt([], "substrings of module/parameter names to record (empty: all)")
+    vanish_norm: float = opt(1e-8, "a gradient norm below this ...")
+    vanish_records: int = opt(3, "... for this many consecutive records is flagged as vanishing")
+    explode_zscore: float = opt(6.0, "a gradient norm this many std devs above its recent history is flagged")
+
+
+@dataclass
 class MonitorConfig:
     summary: bool = opt(True, "write MindSpore Insight summary files under <run>/summary")
     progress_bar: bool = opt(True, "tqdm progress bar on rank 0")
     peak_tflops: Optional[float] = opt(None, "per-device peak for MFU (null: a default by device)")
+    nan_check: bool = opt(False, "check every batch's token ids and every step's loss/grad norm; on the first "
+                                 "non-finite step, save the batch and state and run the NaN hunter")
+    tensor_stats: Optional[TensorStatsConfig] = opt(None, "per-layer activation/gradient statistics to "
+                                                          "stats.jsonl, e.g. {every: 100} (null: off)")
     profile: Optional[ProfileConfig] = opt(None, "profile a window of steps with mindspore.Profiler, e.g. "
                                                  "{start_step: 10, stop_step: 20} (null: off)")
 

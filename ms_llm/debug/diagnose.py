@@ -166,7 +166,8 @@ def rule_nonfinite(run, found, _):
           + (f"; the last finite loss was {g(last[-1][1])} at step {last[-1][0]}" if last else "")]
     later = [st for st, _ in points([r for r in run.train if r["step"] > s], "loss")]
     if later:
-        ev.append(f"the loss was finite again at step {later[0]}: the bad steps were skipped, not fatal")
+        ev.append(f"the loss was finite again at step {later[0]}: the run went on (a dynamic loss scale skips the "
+                  f"updates of overflowing steps)")
     gn = [v for _, v in points(before + bad[:1], "grad_norm")]
     exploding = len(gn) >= 3 and gn[-1] > EXPLODE_FACTOR * early_median(gn)
     if len(gn) >= 3:
@@ -218,14 +219,15 @@ def smoothed(pts):
 
 
 def rule_divergence(run, found, _):
-    pts = smoothed(curve(run))
+    raw = curve(run)
+    pts = smoothed(raw)
     onset = best = None
     for i in range(1, len(pts) - DIVERGE_SUSTAIN + 1):
-        best = min(pts[:i], key=lambda p: p[1])
-        if all(v > best[1] + max(DIVERGE_ABS, DIVERGE_REL * best[1]) for _, v in pts[i:i + DIVERGE_SUSTAIN]):
+        best = pts[i - 1] if best is None or pts[i - 1][1] < best[1] else best  # running minimum
+        line = best[1] + max(DIVERGE_ABS, DIVERGE_REL * best[1])
+        if all(v > line for _, v in pts[i:i + DIVERGE_SUSTAIN]):
             # the median lags the rise: report the first raw record above the line
-            onset = next(st for st, v in curve(run) if st > best[0] and
-                         v > best[1] + max(DIVERGE_ABS, DIVERGE_REL * best[1]))
+            onset = next((st for st, v in raw if st > best[0] and v > line), pts[i][0])
             break
     stop = first_nonfinite_step(run)
     gn = [(s, v) for s, v in points(run.train, "grad_norm") if stop is None or s < stop]

@@ -65,15 +65,22 @@ class CausalLM(nn.Cell):
         self.head_matmul = ops.MatMul(transpose_b=True)
         self.embedding_gather = ops.Gather()
 
-    def construct(self, ids):
-        b, t = ids.shape
+    def hidden_states(self, ids):
+        """(embedding output, each layer's output, final norm output): the residual stream layer by layer."""
+        t = ids.shape[1]
         x = self.embedding_gather(self.embedding, ids, 0)
         if self.has_positions:
             x = x + self.positions[:t]
         x = self.embed_dropout(x.astype(self.dtype))
+        states = (x,)
         for layer in self.layers:
             x = layer(x)
-        x = self.final_norm(x).reshape(b * t, self.hidden)
+            states = states + (x,)
+        return states + (self.final_norm(x),)
+
+    def construct(self, ids):
+        b, t = ids.shape
+        x = self.hidden_states(ids)[-1].reshape(b * t, self.hidden)
         head = self.embedding if self.tie else self.lm_head
         logits = self.head_matmul(x, head.astype(self.dtype))
         return logits.astype(ms.float32).reshape(b, t, self.vocab_size)

@@ -102,6 +102,7 @@ class Layout:
     optimizer_shard: bool = False
     recompute: str = "none"  # none | selective | full
     full_recompute_layers: tuple = ()  # per stage, when recompute_config.recompute is a list
+    stage_layers: tuple = ()  # layers per stage (parallel_config.stage_layers); () = balanced as ms_llm does
     vocab_emb_dp: bool = True
     compute_dtype: str = "bfloat16"
     flash_attention: bool = False  # fused attention keeps no s×s scores (Ascend FlashAttentionScore)
@@ -184,11 +185,16 @@ def layer_activation_units(shape, t, seq_parallel, recompute, flash=False):
     return 10 + (split + scores) / t, f"10 + (4 + 4·kv/a + {mlp_txt}{scores_txt})/t"
 
 
-def stage_layers(num_layers, pp):
-    """Layers per pipeline stage: an even split, any remainder going to the last stages, which hold the
-    fewest micro-batches in flight under 1F1B."""
-    base, extra = divmod(num_layers, pp)
-    return [base + (1 if i >= pp - extra else 0) for i in range(pp)]
+def layers_per_stage(shape, layout):
+    """Layers on each pipeline stage: parallel_config.stage_layers when given, else ms_llm's own balanced
+    split (ms_llm.parallel.layout.balanced_stages: the remainder goes to the middle stages, since the first
+    holds the embedding and the last the LM head and loss)."""
+    from ms_llm.parallel.layout import balanced_stages
+
+    if layout.stage_layers:
+        return list(layout.stage_layers)
+    stage_of_layer = balanced_stages(shape.num_layers, layout.pp)
+    return [stage_of_layer.count(i) for i in range(layout.pp)]
 
 
 def in_flight(stage, layout):
@@ -212,7 +218,7 @@ def stage_memory(shape, layout, stage):
     """The memory terms (list of `Term`) of one device in pipeline stage `stage`."""
     t, dp = layout.mp, layout.dp
     c = layout.compute_bytes
-    layers = stage_layers(shape.num_layers, layout.pp)[stage]
+    layers = layers_per_stage(shape, layout)[stage]
     first, last = stage == 0, stage == layout.pp - 1
 
     # Parameters on this device, grouped by how many devices hold an identical copy: a tensor-split matrix

@@ -48,6 +48,9 @@ def cmd_plan(args):
     flash = {"auto": None, "on": True, "off": False}[args.flash_attention]
     layout, _ = planner.layout_from_config(cfg, cluster.devices, cluster.devices_per_node, flash)
     shape = ModelShape.from_config(cfg.model)
+    if args.devices is None and cfg.parallel_config.data_parallel is None and not args.json:
+        print(f"note: --devices not given and parallel_config.data_parallel is null: planning {cluster.devices} "
+              f"devices (one node); pass --devices N for another cluster")
     if args.search:
         if args.top <= 0:
             raise UserError(f"--top = {args.top} must be a positive number of layouts, e.g. --top 5.")

@@ -8,7 +8,8 @@ costs; it does not replace a measured step (`ms-llm benchmark`).
 from dataclasses import dataclass, replace
 
 from ms_llm.errors import UserError
-from ms_llm.parallel.memory import (GIB, FP32_BYTES, Layout, ModelShape, peak_stage, stage_layers, total_bytes)
+from ms_llm.parallel.memory import (GIB, FP32_BYTES, Layout, ModelShape, layers_per_stage, peak_stage,
+                                    total_bytes)
 
 # Defaults: an Atlas 800T A2 node (8 × Ascend 910B-class, 64 GB HBM each, HCCS inside the node, one
 # 200 Gb/s RoCE port per device between nodes).
@@ -72,11 +73,15 @@ def invalid_reasons(shape, layout, devices):
         reasons.append(f"train.global_batch_size = {d.global_batch} is not divisible by data_parallel × "
                        f"micro_batch_size = {d.dp} × {d.micro_batch_size} = {per_step}: choose a multiple of "
                        f"{per_step}")
-    elif d.pp > 1 and d.micro_batch_num >= d.pp and d.micro_batches_per_step % d.micro_batch_num:
-        reasons.append(f"each data-parallel replica runs global / (dp × micro) = {d.micro_batches_per_step} "
-                       f"micro-batches per step, not a multiple of micro_batch_num = {d.micro_batch_num}: the "
-                       f"pipeline runs whole rounds of micro_batch_num; make it divide "
-                       f"{d.micro_batches_per_step}")
+    elif d.pp > 1 and d.micro_batch_num != d.micro_batches_per_step:
+        reasons.append(f"micro_batch_num = {d.micro_batch_num}, but with pipeline_stage > 1 ms_llm runs all of a "
+                       f"step's micro-batches as one pipeline round: global / (dp × micro) = {d.global_batch} / "
+                       f"({d.dp} × {d.micro_batch_size}) = {d.micro_batches_per_step}; set micro_batch_num: "
+                       f"{d.micro_batches_per_step} or change the batch sizes")
+    if d.stage_layers and (len(d.stage_layers) != d.pp or sum(d.stage_layers) != shape.num_layers
+                           or min(d.stage_layers) < 1):
+        reasons.append(f"parallel_config.stage_layers = {list(d.stage_layers)} must list {d.pp} positive layer "
+                       f"counts summing to model.num_layers = {shape.num_layers}")
     if d.full_recompute_layers and len(d.full_recompute_layers) != d.pp:
         reasons.append(f"recompute_config.recompute = {list(d.full_recompute_layers)} lists layers for "
                        f"{len(d.full_recompute_layers)} stages, but pipeline_stage = {d.pp}: give one count "
@@ -133,7 +138,7 @@ def communication(shape, layout, cluster):
     # an all-gather + reduce-scatter of the same total volume.
     t = layout.mp
     if t > 1:
-        layers = max(stage_layers(shape.num_layers, layout.pp))
+        layers = max(layers_per_stage(shape, layout))
         per_layer = 4 + (2 if layout.recompute == "full" or layout.full_recompute_layers else 0)
         vol = per_layer * ring(t) * sbh * c * layers * micro
         op = "all-gather + reduce-scatter" if layout.seq_parallel else "all-reduce"
@@ -157,7 +162,7 @@ def communication(shape, layout, cluster):
 
 def device_params(shape, layout, stage):
     """Parameters one device of `stage` computes with (its TP shard, whole embedding if vocab_emb_dp)."""
-    layers = stage_layers(shape.num_layers, layout.pp)[stage]
+    layers = layers_per_stage(shape, layout)[stage]
     t = layout.mp
     n = layers * (shape.layer_split_params() / t + shape.layer_replicated_params())
     last = stage == layout.pp - 1
@@ -178,7 +183,7 @@ def bubble_fraction(layout):
 def recompute_share(shape, layout):
     """(share of layers fully recomputed, share selectively recomputed)."""
     if layout.full_recompute_layers:
-        per_stage = stage_layers(shape.num_layers, layout.pp)
+        per_stage = layers_per_stage(shape, layout)
         full = sum(min(n, k) for n, k in zip(per_stage, layout.full_recompute_layers)) / shape.num_layers
     else:
         full = 1.0 if layout.recompute == "full" else 0.0
@@ -269,6 +274,7 @@ def layout_dict(layout):
                                           "seq_parallel", "optimizer_shard", "recompute", "vocab_emb_dp",
                                           "compute_dtype", "flash_attention")}
     d["full_recompute_layers"] = list(layout.full_recompute_layers)
+    d["stage_layers"] = list(layout.stage_layers)
     return d
 
 
@@ -303,7 +309,8 @@ def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_N
     layout = Layout(dp=dp, mp=pc.model_parallel, pp=pc.pipeline_stage, micro_batch_size=cfg.train.micro_batch_size,
                     micro_batch_num=pc.micro_batch_num, global_batch=cfg.train.global_batch_size,
                     seq_parallel=pc.use_seq_parallel, optimizer_shard=pc.optimizer_shard, recompute=mode,
-                    full_recompute_layers=full_layers, vocab_emb_dp=pc.vocab_emb_dp,
+                    full_recompute_layers=full_layers, stage_layers=tuple(pc.stage_layers or ()),
+                    vocab_emb_dp=pc.vocab_emb_dp,
                     compute_dtype=cfg.precision.compute_dtype,
                     flash_attention=flash_attention_default(cfg) if flash_attention is None else flash_attention)
     return layout, devices  # when devices is no multiple of mp·pp, invalid_reasons names the mismatch
@@ -345,6 +352,7 @@ def candidate_layouts(shape, base, cluster):
                 for shard in ((False, True) if dp > 1 else (False,)):
                     yield replace(base, dp=dp, mp=mp, pp=pp, micro_batch_num=max(1, per_replica) if pp > 1 else 1,
                                   recompute=recompute, optimizer_shard=shard, full_recompute_layers=(),
+                                  stage_layers=(),
                                   seq_parallel=base.seq_parallel and mp > 1)
 
 
@@ -366,7 +374,8 @@ def search(shape, base, cluster):
 def reason_line(r, layout, cluster):
     rc = {"none": "without recompute", "selective": "with selective recompute",
           "full": "only with full recompute"}[layout.recompute]
-    parts = [f"fits {rc} ({r['memory']['peak_gib']:.1f} of {cluster.device_memory_gib:g} GiB)",
+    tight = ", tight" if r["memory"]["peak_gib"] > TIGHT_MEMORY * cluster.device_memory_gib else ""
+    parts = [f"fits {rc} ({r['memory']['peak_gib']:.1f} of {cluster.device_memory_gib:g} GiB{tight})",
              f"comm {r['comm_fraction']:.0%}"]
     if layout.pp > 1:
         parts.append(f"bubble {r['bubble_fraction']:.0%}")

@@ -37,11 +37,16 @@ class Session:
     def tokens_per_step(self):
         return self.cfg.train.global_batch_size * self.cfg.model.seq_length
 
-    def train_step(self):
+    def next_batches(self):
+        """The micro-batches of the next optimizer step on this rank."""
+        return [next(self.data) for _ in range(self.accum)]
+
+    def train_step(self, batches=None):
         """One optimizer step: accum-1 accumulating micro-batches, then the updating one."""
-        for _ in range(self.accum - 1):
-            self.step_fn.accumulate(next(self.data))
-        return self.step_fn(next(self.data))
+        batches = batches or self.next_batches()
+        for b in batches[:-1]:
+            self.step_fn.accumulate(b)
+        return self.step_fn(batches[-1])
 
 
 def open_session(cfg, echo=print, preflight=None, purpose="train"):
@@ -91,7 +96,7 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
     # under semi-auto parallel MindSpore inserts the data-parallel gradient reduction itself
     step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, 1 if semi_auto else rt.world_size,
-                        t.max_steps, lr_table(t))
+                        t.max_steps, lr_table(t), t.anomaly)
     model.set_train(True)
     dp = cfg.parallel_config.data_parallel
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", t.micro_batch_size, dp, rt.rank, t.seed,

@@ -9,6 +9,12 @@ One optimizer step over `accum` micro-batches on each of `dp` ranks:
     grads *= min(1, clip / grad_norm) / (scale * dp)  (unscale, average and clip after accumulation)
     if finite: AdamW(grads, lr_table[step])          (else the update is skipped)
     dynamic scale: x factor after scale_window finite steps, / factor on overflow
+    anomaly guard (train.anomaly): a finite step whose grad norm or loss is more than `zscore` standard
+    deviations above its running mean is skipped too (the statistics live in the graph, so the decision
+    costs no host round trip)
+
+The third output says what happened to the update: 0 applied, 1 skipped (non-finite gradients),
+2 skipped by the anomaly guard.
 
 Micro-batches before the last only accumulate (`AccumulateStep`); the last one also updates
 (`TrainStep`), so with accum == 1 a step is a single compiled call.
@@ -56,6 +62,9 @@ class StepState(nn.Cell):
 
     def __init__(self, params, precision, accum, max_steps, lr_table):
         super().__init__(auto_prefix=False)
+        self.lr_scale = Parameter(initializer(1.0, (), ms.float32), name="lr_scale")  # lowered by rollbacks
+        self.watch_count = Parameter(initializer(0, (), ms.int32), name="anomaly_count")
+        self.watch_stats = Parameter(initializer(0, (4,), ms.float32), name="anomaly_stats")  # EMA mean/var x2
         init_scale = precision.init_scale if precision.loss_scale != "none" else 1.0
         self.loss_scale = Parameter(initializer(init_scale, (), ms.float32), name="loss_scale")
         self.good_steps = Parameter(initializer(0, (), ms.int32), name="good_steps")
@@ -83,8 +92,13 @@ class AccumulateStep(nn.Cell):
 class TrainStep(nn.Cell):
     """The last micro-batch of a step plus the update. Returns (loss, grad_norm, overflow, loss_scale)."""
 
-    def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, max_steps=1, lr_table=None):
+    def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, max_steps=1, lr_table=None,
+                 anomaly=None):
         super().__init__(auto_prefix=False)
+        self.guard = anomaly is not None
+        if self.guard:
+            self.zscore, self.window = anomaly.zscore, anomaly.window
+            self.ema = 2.0 / (anomaly.window + 1)
         self.optimizer = optimizer
         self.weights = optimizer.params
         self.grad_fn = ms.value_and_grad(LossFn(model, accum), None, self.weights, has_aux=True)
@@ -121,8 +135,14 @@ class TrainStep(nn.Cell):
         if self.clip > 0:
             factor = inv * ops.minimum(self.clip / (grad_norm + 1e-6), 1.0)
         grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
-        lr = st.lr_table[ops.minimum(st.global_step, self.last_step)]
-        if finite:
+        lr = st.lr_table[ops.minimum(st.global_step, self.last_step)] * st.lr_scale
+        update = finite
+        code = ops.select(finite, ops.zeros((), ms.int32), ops.ones((), ms.int32))
+        if self.guard:
+            spike = self.anomalous(grad_norm, loss) & finite
+            update = finite & ops.logical_not(spike)
+            code = ops.select(spike, ops.ones((), ms.int32) * 2, code)
+        if update:
             self.optimizer(grads, lr)
         ops.assign(st.global_step, st.global_step + 1)
         if self.dynamic:
@@ -132,4 +152,24 @@ class TrainStep(nn.Cell):
                                    ops.maximum(scale / self.scale_factor, 1.0))
             ops.assign(st.good_steps, ops.select(grow, ops.zeros((), ms.int32), good))
             ops.assign(st.loss_scale, new_scale)
-        return loss, grad_norm, ops.logical_not(finite), st.loss_scale.value()
+        return loss, grad_norm, code, st.loss_scale.value()
+
+    def anomalous(self, grad_norm, loss):
+        """z-score of grad norm and loss against exponential moving statistics over ~`window` accepted steps;
+        the statistics only absorb steps that were accepted, so a run of spikes cannot normalise itself."""
+        st = self.state
+        stats = st.watch_stats.value()
+        x = ops.stack([grad_norm, loss.astype(ms.float32)])
+        mean, var = stats[0::2], stats[1::2]
+        z = (x - mean) / ops.sqrt(var + 1e-12)
+        warm = st.watch_count >= self.window
+        spike = warm & ((z[0] > self.zscore) | (z[1] > self.zscore))
+        a = ops.select(st.watch_count == 0, ops.ones((), ms.float32), ops.ones((), ms.float32) * self.ema)
+        new_mean = mean + a * (x - mean)
+        new_var = (1 - a) * (var + a * (x - mean) * (x - mean))
+        accept = ops.isfinite(x).all() & ops.logical_not(spike)
+        new_stats = ops.stack([new_mean[0], new_var[0], new_mean[1], new_var[1]])
+        ops.assign(st.watch_stats, ops.select(accept, new_stats, stats))
+        ops.assign(st.watch_count, st.watch_count + ops.select(accept, ops.ones((), ms.int32),
+                                                               ops.zeros((), ms.int32)))
+        return spike

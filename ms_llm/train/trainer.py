@@ -70,6 +70,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     if bar is not None:
         writer.echo = bar.write
     profiler = make_profiler(cfg, rt, run_dir, t, log)
+    nan_watch, tensor_stats = make_watches(s, run_dir)
+    nonfinite_run = 0  # consecutive steps with non-finite gradients (anomaly guard)
 
     def save(step):
         strategy = os.path.join(cfg.checkpoint.strategy_dir or "", f"strategy_rank_{rt.rank}.ckpt")
@@ -87,8 +89,15 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
             for step in range(start, t.max_steps):
                 if profiler is not None:
                     profiler.before_step(step)
+                batches = s.next_batches()
+                if nan_watch is not None:
+                    nan_watch.check_batches(batches, step)
+                probing = tensor_stats is not None and tensor_stats.due(step)
+                if probing:
+                    tensor_stats.before_step(s, step, batches)
                 t0 = time.perf_counter()
-                pending.append(s.train_step())
+                out = s.train_step(batches)
+                pending.append(out)
                 if compile_s is None:  # the first call compiles the graph: keep it out of the throughput figures
                     pending[-1][0].asnumpy()
                     compile_s = time.perf_counter() - t0
@@ -97,10 +106,17 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                 else:
                     timed += 1
                 done = step + 1
+                if nan_watch is not None:
+                    nan_watch.after_step(s, step, out, batches, writer)
+                if probing:
+                    tensor_stats.after_step(s, step, out, writer)
+                if t.anomaly is not None:
+                    nonfinite_run = guard(s, out, done, nonfinite_run, run_dir, plan["ckpt_rank"], writer, log)
                 if profiler is not None:
                     profiler.after_step(done)
                 if done % t.log_interval == 0 or done == t.max_steps:
-                    record, n_skipped = interval_record(pending, done, lr_at(step, t))
+                    lr = lr_at(step, t) * float(s.step_fn.state.lr_scale.asnumpy())  # lowered by rollbacks
+                    record, n_skipped = interval_record(pending, done, lr)
                     host["skipped"] += n_skipped
                     elapsed = time.perf_counter() - interval_start - paused  # evals and saves excluded
                     tok_s = s.tokens_per_step * timed / elapsed if elapsed > 0 and timed else 0.0
@@ -274,6 +290,47 @@ def keep_metrics_until(run_dir, step):
 
 # --- per-step helpers ------------------------------------------------------------------------------------
 
+def make_watches(s, run_dir):
+    from ms_llm.debug.watch import NanWatch, TensorStats
+
+    mon = s.cfg.monitor
+    nan = NanWatch(run_dir, s.rt.rank, s.cfg.model.vocab_size, s.cfg.precision.compute_dtype, s.log) \
+        if mon.nan_check else None
+    st = TensorStats(mon.tensor_stats, run_dir, s.rt.rank, s.rt.world_size, s.log) if mon.tensor_stats else None
+    return nan, st
+
+
+def guard(s, out, done, nonfinite_run, run_dir, ckpt_rank, writer, log):
+    """Anomaly guard, host side: log each skipped update; after `max_nonfinite` consecutive non-finite
+    steps, roll back to the newest checkpoint and lower the learning rate."""
+    a = s.cfg.train.anomaly
+    code = int(out[2].asnumpy())
+    if code == 2:
+        writer.write({"step": done, "event": "anomaly_skip", "reason": "grad norm or loss z-score > "
+                      f"{a.zscore:g}", "loss": float(out[0].asnumpy()), "grad_norm": float(out[1].asnumpy())})
+    nonfinite_run = nonfinite_run + 1 if code == 1 else 0
+    if nonfinite_run < a.max_nonfinite:
+        return nonfinite_run
+    import mindspore as ms
+
+    directory = store.rank_dir(run_dir, ckpt_rank)
+    step, manifest = store.newest_valid(directory, warn=log)
+    if step is None:
+        log(f"warning: {nonfinite_run} consecutive non-finite steps and no checkpoint to roll back to; continuing")
+        return 0
+    path = store.checkpoint_path(directory, manifest)
+    ckpt_state.restore(s, store.read_tensors(path), path)
+    st = s.step_fn.state
+    lr_scale = float(st.lr_scale.asnumpy()) * a.lr_factor
+    st.lr_scale.set_data(ms.Tensor(lr_scale, ms.float32))
+    st.global_step.set_data(ms.Tensor(done, ms.int32))  # the schedule keeps following the step count
+    writer.write({"step": done, "event": "rollback", "to_step": step, "lr_scale": lr_scale,
+                  "reason": f"{nonfinite_run} consecutive non-finite steps"})
+    log(f"anomaly guard: {nonfinite_run} consecutive non-finite steps; rolled back to step {step}'s weights, "
+        f"learning rate × {lr_scale:g}; the data continues past the bad batches")
+    return 0
+
+
 def preemption_agreed(rt, preemption):
     """All ranks stop at the same step: a signal seen by any rank stops every rank."""
     if rt.world_size == 1:
@@ -290,11 +347,14 @@ def interval_record(pending, step, lr):
     rows = [as_floats(o) for o in pending]
     losses = [r[0] for r in rows]
     clean = [r[1] for r in rows if not r[2]]
-    n_overflow = int(sum(bool(r[2]) for r in rows))
+    n_skipped = int(sum(bool(r[2]) for r in rows))  # code 1: non-finite gradients, 2: anomaly guard
     record = {"step": step, "loss": float(np.mean(losses)), "lr": lr,
               "grad_norm": float(np.mean(clean)) if clean else float("nan"), "loss_scale": rows[-1][3],
-              "skipped_interval": n_overflow}
-    return record, n_overflow
+              "skipped_interval": n_skipped}
+    anomalies = int(sum(r[2] == 2 for r in rows))
+    if anomalies:
+        record["anomaly_skips"] = anomalies
+    return record, n_skipped
 
 
 def run_eval(s, step, writer):

@@ -1,0 +1,151 @@
+"""Watching a training run from the inside: the NaN trigger and tensor statistics.
+
+Both cost nothing when off. `monitor.nan_check` checks every micro-batch's token ids before the step and
+every step's loss and gradient norm after it (one host sync per step); the first non-finite step is
+saved (`<run>/nan/step_<n>/`: batch, pre-step weights, report) and replayed by the NaN hunter.
+`monitor.tensor_stats` probes one step in every `every` (PyNative forward with hooks + gradients on the
+same pre-step weights and batch) and appends per-layer records to `<run>/stats.jsonl`.
+"""
+import json
+import math
+import os
+
+import numpy as np
+
+from ms_llm.debug import nan_hunter
+from ms_llm.debug.probe import param_grads, stats, trace_forward
+from ms_llm.errors import UserError
+
+
+class NanWatch:
+    def __init__(self, run_dir, rank, vocab_size, compute_dtype, log=print):
+        self.dir = os.path.join(run_dir, "nan")
+        self.rank, self.vocab, self.dtype, self.log = rank, vocab_size, compute_dtype, log
+        self.reported = False
+
+    def check_batches(self, batches, step):
+        for i, b in enumerate(batches):
+            ids = b.asnumpy()
+            problem = nan_hunter.check_token_ids(ids, self.vocab)
+            if problem:
+                where = self.save(step, np.stack([x.asnumpy() for x in batches]), None, {"input": problem})
+                raise UserError(f"step {step + 1}, micro-batch {i}: {problem} The batch is saved in {where}.")
+
+    def after_step(self, session, step, out, batches, writer):
+        loss, grad_norm, code = float(out[0].asnumpy()), float(out[1].asnumpy()), int(out[2].asnumpy())
+        if self.reported or (math.isfinite(loss) and math.isfinite(grad_norm) and code != 1):
+            return
+        self.reported = True  # the first occurrence is the informative one
+        from ms_llm.checkpoint import state as ckpt_state
+
+        ids = np.concatenate([b.asnumpy() for b in batches])
+        report = nan_hunter.hunt(session.model, ids, self.dtype)
+        where = self.save(step, np.stack([b.asnumpy() for b in batches]), ckpt_state.capture(session), report)
+        self.log(f"step {step + 1}: non-finite loss/gradients (loss {loss}, grad_norm {grad_norm}); the update was "
+                 f"skipped. Saved to {where}\n" + nan_hunter.format_report(report))
+        writer.write({"step": step + 1, "event": "nonfinite", "culprit": report.get("culprit"),
+                      "cause": report.get("cause"), "saved": where})
+
+    def save(self, step, batch, arrays, report):
+        from ms_llm.checkpoint import store
+
+        where = os.path.join(self.dir, f"step_{step + 1}", f"rank_{self.rank}")
+        os.makedirs(where, exist_ok=True)
+        np.save(os.path.join(where, "batch.npy"), batch)
+        if arrays is not None:
+            store.write_tensors(os.path.join(where, "state.ckpt"), arrays, "ckpt")
+        with open(os.path.join(where, "report.json"), "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1, default=str)
+        return where
+
+
+def _wanted(name, targets):
+    return not targets or any(t in name for t in targets)
+
+
+class TensorStats:
+    def __init__(self, cfg_stats, run_dir, rank, world_size, log=print):
+        self.cfg, self.log, self.world_size = cfg_stats, log, world_size
+        self.path = os.path.join(run_dir, "stats.jsonl") if rank == 0 else None
+        self.low = {}  # parameter -> consecutive records with a vanishing gradient
+        self.history = []  # total gradient norms of earlier records
+        self.before = None
+
+    def due(self, step):
+        """`step` is the number of steps done before this one."""
+        return self.path is not None and (step + 1) % self.cfg.every == 0
+
+    def before_step(self, session, step, batches):
+        model = session.model
+        self.before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
+        records = trace_forward(model, batches[0])
+        grads, losses = {}, []
+        for b in batches:  # the gradient of the mean loss over the step's micro-batches, as the step computes it
+            loss, g = param_grads(model, b)
+            losses.append(loss)
+            for k, v in g.items():
+                grads[k] = grads.get(k, 0) + v / len(batches)
+        self.pending = (records, grads, float(np.mean(losses)))
+
+    def after_step(self, session, step, out, writer):
+        records, grads, loss = self.pending
+        lines = []
+        for name, _, out_stats, _ in records:
+            if _wanted(name, self.cfg.targets):
+                lines.append({"step": step + 1, "kind": "activation", "name": name, **out_stats})
+        total = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
+        opt = session.step_fn.optimizer
+        moments = {p.name: (m, v) for p, m, v in zip(opt.params, opt.exp_avg, opt.exp_avg_sq)}
+        for p in session.model.trainable_params():
+            if not _wanted(p.name, self.cfg.targets):
+                continue
+            g = stats(grads[p.name])
+            lines.append({"step": step + 1, "kind": "gradient", "name": p.name, **g})
+            w_before, w_after = self.before[p.name], p.asnumpy()
+            ratio = float(np.linalg.norm(w_after - w_before) / (np.linalg.norm(w_before) + 1e-30))
+            lines.append({"step": step + 1, "kind": "update_ratio", "name": p.name, "value": ratio})
+            m, v = moments[p.name]
+            lines.append({"step": step + 1, "kind": "optimizer", "name": p.name,
+                          "exp_avg_norm": float(np.linalg.norm(m.asnumpy())),
+                          "exp_avg_sq_norm": float(np.linalg.norm(v.asnumpy()))})
+            lines += self.flags(step, p, m, g)
+        lines += self.global_flags(step, total, float(out[1].asnumpy()), session.accum)
+        with open(self.path, "a", encoding="utf-8") as f:
+            for rec in lines:
+                f.write(json.dumps(rec) + "\n")
+        for rec in lines:
+            if rec["kind"] == "flag":
+                self.log(f"stats: {rec['flag']} at step {rec['step']}: {rec['name']} — {rec['detail']}")
+        self.before = self.pending = None
+
+    def flags(self, step, p, m, g):
+        out = []
+        if p.dtype != m.dtype:
+            out.append({"step": step + 1, "kind": "flag", "flag": "dtype_mismatch", "name": p.name,
+                        "detail": f"master weight {p.dtype} but optimizer state {m.dtype}"})
+        self.low[p.name] = self.low.get(p.name, 0) + 1 if g["norm"] < self.cfg.vanish_norm else 0
+        if self.low[p.name] == self.cfg.vanish_records:
+            out.append({"step": step + 1, "kind": "flag", "flag": "vanishing", "name": p.name,
+                        "detail": f"gradient norm < {self.cfg.vanish_norm:g} for {self.cfg.vanish_records} records"})
+        return out
+
+    def global_flags(self, step, total, reported, accum):
+        out = []
+        h = self.history
+        if len(h) >= 5:
+            mean, std = float(np.mean(h)), float(np.std(h)) + 1e-12
+            if (total - mean) / std > self.cfg.explode_zscore:
+                out.append({"step": step + 1, "kind": "flag", "flag": "exploding", "name": "gradient norm",
+                            "detail": f"{total:.3g} vs mean {mean:.3g} ± {std:.3g} of the last {len(h)} records"})
+        h.append(total)
+        del h[:-50]
+        # the step's own (pre-clip) norm must equal the norm of the mean loss's gradient measured here
+        if self.world_size == 1 and total > 0 and math.isfinite(reported):
+            ratio = reported / total
+            if abs(ratio - 1) > 0.05:
+                why = (f"≈ accumulation steps ({accum}): the loss is not divided by the accumulation steps"
+                       if accum > 1 and abs(ratio - accum) / accum < 0.1 else "the step's loss is not the mean loss")
+                out.append({"step": step + 1, "kind": "flag", "flag": "grad_scale_mismatch", "name": "gradient norm",
+                            "detail": f"the step reports {reported:.4g}, the mean loss's gradient has norm "
+                                      f"{total:.4g} (x{ratio:.2f}) {why}"})
+        return out
