@@ -186,8 +186,11 @@ def build_parser():
     from ms_llm.debug.diagnose_cli import add_parsers as add_diagnose_parsers
     from ms_llm.parallel.plan_cli import add_parser as add_plan_parser
 
+    from ms_llm.debug.cli import add_parsers as add_debug_parsers
+
     add_plan_parser(sub)
     add_diagnose_parsers(sub)
+    add_debug_parsers(sub)
 
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--run-dir", required=True)

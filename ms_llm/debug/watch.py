@@ -3,8 +3,8 @@
 Both cost nothing when off. `monitor.nan_check` checks every micro-batch's token ids before the step and
 every step's loss and gradient norm after it (one host sync per step); the first non-finite step is
 saved (`<run>/nan/step_<n>/`: batch, pre-step weights, report) and replayed by the NaN hunter.
-`monitor.tensor_stats` probes one step in every `every` (PyNative forward with hooks + gradients on the
-same pre-step weights and batch) and appends per-layer records to `<run>/stats.jsonl`.
+`monitor.tensor_stats` probes one step in every `every` (a compiled probe on the same pre-step weights
+and batch) and appends per-layer records to `<run>/stats.jsonl`.
 """
 import json
 import math
@@ -13,7 +13,6 @@ import os
 import numpy as np
 
 from ms_llm.debug import nan_hunter
-from ms_llm.debug.probe import param_grads, stats, trace_forward
 from ms_llm.errors import UserError
 
 
@@ -64,51 +63,58 @@ def _wanted(name, targets):
 
 
 class TensorStats:
+    """Every `every` steps: residual-stream and gradient statistics of the step's batch on the pre-step
+    weights (one compiled probe, ms_llm.debug.stats_probe), AdamW moment norms, update ratios
+    ||Δw||/||w|| (host copies: models up to 200M parameters), and flags."""
+
+    UPDATE_RATIO_LIMIT = 200_000_000
+
     def __init__(self, cfg_stats, run_dir, rank, world_size, log=print):
         self.cfg, self.log, self.world_size = cfg_stats, log, world_size
         self.path = os.path.join(run_dir, "stats.jsonl") if rank == 0 else None
         self.low = {}  # parameter -> consecutive records with a vanishing gradient
         self.history = []  # total gradient norms of earlier records
-        self.before = None
+        self.probe = self.before = self.pending = None
 
     def due(self, step):
         """`step` is the number of steps done before this one."""
         return self.path is not None and (step + 1) % self.cfg.every == 0
 
     def before_step(self, session, step, batches):
-        model = session.model
-        self.before = {p.name: p.asnumpy().copy() for p in model.trainable_params()}
-        records = trace_forward(model, batches[0])
-        grads, losses = {}, []
-        for b in batches:  # the gradient of the mean loss over the step's micro-batches, as the step computes it
-            loss, g = param_grads(model, b)
-            losses.append(loss)
-            for k, v in g.items():
-                grads[k] = grads.get(k, 0) + v / len(batches)
-        self.pending = (records, grads, float(np.mean(losses)))
+        from mindspore import ops
+
+        from ms_llm.debug.stats_probe import StatsProbe
+
+        if self.probe is None:
+            self.probe = StatsProbe(session.model, session.step_fn.optimizer, session.accum)
+        params = session.model.trainable_params()
+        if session.n_params <= self.UPDATE_RATIO_LIMIT:
+            self.before = {p.name: p.asnumpy().copy() for p in params}
+        acts, grads, moments, loss = self.probe(ops.stack(batches))
+        self.pending = (acts.asnumpy(), grads.asnumpy(), moments.asnumpy(), float(loss.asnumpy()))
 
     def after_step(self, session, step, out, writer):
-        records, grads, loss = self.pending
-        lines = []
-        for name, _, out_stats, _ in records:
-            if _wanted(name, self.cfg.targets):
-                lines.append({"step": step + 1, "kind": "activation", "name": name, **out_stats})
-        total = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads.values()))
+        from ms_llm.debug.stats_probe import STAT_NAMES
+
+        acts, grads, moments, _ = self.pending
+        params = session.model.trainable_params()
+        states = ["embedding"] + [f"layers.{i}" for i in range(len(session.model.layers))] + ["final_norm"]
+        lines = [{"step": step + 1, "kind": "activation", "name": n, **dict(zip(STAT_NAMES, map(float, row)))}
+                 for n, row in zip(states, acts) if _wanted(n, self.cfg.targets)]
+        total = math.sqrt(float((grads[:, 3].astype(np.float64) ** 2).sum()))
         opt = session.step_fn.optimizer
-        moments = {p.name: (m, v) for p, m, v in zip(opt.params, opt.exp_avg, opt.exp_avg_sq)}
-        for p in session.model.trainable_params():
+        for i, p in enumerate(params):
             if not _wanted(p.name, self.cfg.targets):
                 continue
-            g = stats(grads[p.name])
+            g = dict(zip(STAT_NAMES, map(float, grads[i])))
             lines.append({"step": step + 1, "kind": "gradient", "name": p.name, **g})
-            w_before, w_after = self.before[p.name], p.asnumpy()
-            ratio = float(np.linalg.norm(w_after - w_before) / (np.linalg.norm(w_before) + 1e-30))
-            lines.append({"step": step + 1, "kind": "update_ratio", "name": p.name, "value": ratio})
-            m, v = moments[p.name]
+            if self.before is not None:
+                w0 = self.before[p.name]
+                ratio = float(np.linalg.norm(p.asnumpy() - w0) / (np.linalg.norm(w0) + 1e-30))
+                lines.append({"step": step + 1, "kind": "update_ratio", "name": p.name, "value": ratio})
             lines.append({"step": step + 1, "kind": "optimizer", "name": p.name,
-                          "exp_avg_norm": float(np.linalg.norm(m.asnumpy())),
-                          "exp_avg_sq_norm": float(np.linalg.norm(v.asnumpy()))})
-            lines += self.flags(step, p, m, g)
+                          "exp_avg_norm": float(moments[i, 0]), "exp_avg_sq_norm": float(moments[i, 1])})
+            lines += self.flags(step, p, opt.exp_avg[i], g)
         lines += self.global_flags(step, total, float(out[1].asnumpy()), session.accum)
         with open(self.path, "a", encoding="utf-8") as f:
             for rec in lines:

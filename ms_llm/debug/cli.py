@@ -1,0 +1,148 @@
+"""The debugging commands: `doctor`, `debug overfit|nan|dump`, `compare`."""
+import glob
+import json
+import os
+
+import numpy as np
+
+from ms_llm.errors import UserError
+
+
+def cmd_doctor(args):
+    from ms_llm.debug.doctor import doctor
+
+    return doctor(args.run_dir, smoke=not args.no_smoke)
+
+
+def cmd_overfit(args):
+    from ms_llm.config import load_config
+    from ms_llm.debug.overfit import format_report, overfit
+
+    if args.samples <= 0 or args.steps <= 0:
+        raise UserError(f"--samples = {args.samples} and --steps = {args.steps} must be positive.")
+    r = overfit(load_config(args.config, args.overrides), args.samples, args.steps, args.threshold)
+    print(format_report(r))
+    return 0 if r["passed"] else 1
+
+
+def cmd_nan(args):
+    """Replay a saved non-finite step (<run>/nan/step_<n>) or the step after checkpoint --step with the hunter."""
+    from model_zoo import build_model
+    from ms_llm.checkpoint import store
+    from ms_llm.config import load_config
+    from ms_llm.debug.nan_hunter import format_report, hunt
+    from ms_llm.train.context import setup_context
+
+    cfg_path = os.path.join(args.run_dir, "config.yaml")
+    if not os.path.isfile(cfg_path):
+        raise UserError(f"'{args.run_dir}' is not a run directory (no config.yaml).")
+    cfg = load_config(cfg_path, args.overrides)
+    setup_context(cfg.context)
+    saved = sorted(glob.glob(os.path.join(args.run_dir, "nan", "step_*", "rank_0")),
+                   key=lambda p: int(p.split("step_")[1].split(os.sep)[0]))
+    if args.step is not None:
+        saved = [p for p in saved if f"step_{args.step}{os.sep}" in p + os.sep]
+    import mindspore as ms
+
+    model = build_model(cfg.model, cfg.precision.compute_dtype)
+    if saved and os.path.isfile(os.path.join(saved[-1], "state.ckpt")):
+        where = saved[-1]
+        arrays = store.read_tensors(os.path.join(where, "state.ckpt"))
+        ids = np.load(os.path.join(where, "batch.npy"))
+        ids = ids.reshape(-1, ids.shape[-1])
+        print(f"replaying the saved non-finite step in {where}")
+    elif args.step is not None:
+        directory = store.rank_dir(args.run_dir, 0)
+        manifest, why = store.verify(directory, args.step)
+        if manifest is None:
+            raise UserError(f"no saved NaN step and checkpoint step {args.step} is unusable ({why}). Checkpoints: "
+                            f"{store.list_checkpoints(directory) or 'none'}.")
+        arrays = store.read_tensors(store.checkpoint_path(directory, manifest))
+        ids = step_batch(cfg, manifest["consumed_samples"])
+        where = os.path.join(args.run_dir, "nan", f"replay_step_{args.step + 1}")
+        print(f"replaying step {args.step + 1} from checkpoint step {args.step}")
+    else:
+        raise UserError(f"'{args.run_dir}' has no saved non-finite step (run with monitor.nan_check: true) — pass "
+                        f"--step N to replay the step after checkpoint N.")
+    ms.load_param_into_net(model, {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in arrays.items()
+                                   if not k.startswith(("adam_", "grad_accum"))})
+    model.set_train(False)
+    report = hunt(model, ids, cfg.precision.compute_dtype)
+    os.makedirs(where, exist_ok=True)
+    with open(os.path.join(where, "report.json"), "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1, default=str)
+    print(format_report(report))
+    return 0
+
+
+def step_batch(cfg, consumed):
+    """The global batch that follows `consumed` samples, as one array (the same whatever the rank count)."""
+    from ms_llm.data.loader import TrainBatches
+    from ms_llm.data.manifest import load_manifest
+
+    manifest = load_manifest(cfg.data.dataset_dir)
+    it = TrainBatches(cfg.data.dataset_dir, manifest, "train", cfg.train.global_batch_size, 1, 0, cfg.train.seed,
+                      cfg.model.seq_length, consumed=consumed)
+    return next(it).asnumpy()
+
+
+def cmd_dump(args):
+    from ms_llm.debug.compare import make_dump
+
+    make_dump(args.run_dir, args.output, args.step, args.overrides)
+
+
+def cmd_compare(args):
+    from ms_llm.debug.compare import compare, format_comparison
+
+    paths = []
+    for p in (args.a, args.b):
+        if os.path.isfile(os.path.join(p, "index.json")):
+            paths.append(p)
+            continue
+        dumps = sorted(glob.glob(os.path.join(p, "dumps", "*", "index.json")), key=os.path.getmtime)
+        if not dumps:
+            raise UserError(f"'{p}' is neither a dump (index.json) nor a run with dumps/: make one with "
+                            f"`ms-llm debug dump --run-dir RUN --output RUN/dumps/NAME`.")
+        paths.append(os.path.dirname(dumps[-1]))
+    r = compare(paths[0], paths[1], args.rtol, args.min_cosine)
+    print(json.dumps({k: v for k, v in r.items() if k != "rows"}, default=str) if args.json else format_comparison(r))
+    return 0
+
+
+def add_parsers(sub):
+    p = sub.add_parser("doctor", help="environment check: versions, device, env vars, disk, 20-step smoke train")
+    p.add_argument("--run-dir", default="runs", help="where runs will be written (disk space check)")
+    p.add_argument("--no-smoke", action="store_true", help="skip the smoke train")
+    p.set_defaults(func=cmd_doctor)
+
+    p = sub.add_parser("debug", help="divergence toolkit: overfit, nan, dump")
+    dsub = p.add_subparsers(dest="debug_command", metavar="tool", parser_class=type(p))
+    dsub.required = True
+    q = dsub.add_parser("overfit", help="can the model memorise a few samples? (bugs vs data)")
+    q.add_argument("--config", required=True)
+    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    q.add_argument("--samples", type=int, default=32)
+    q.add_argument("--steps", type=int, default=300)
+    q.add_argument("--threshold", type=float, default=0.1, help="pass below this fraction of the initial loss")
+    q.set_defaults(func=cmd_overfit)
+    q = dsub.add_parser("nan", help="find the first module / gradient that went non-finite, and why")
+    q.add_argument("--run-dir", required=True)
+    q.add_argument("--step", type=int, help="a saved NaN step, or the checkpoint whose next step to replay")
+    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    q.set_defaults(func=cmd_nan)
+    q = dsub.add_parser("dump", help="per-module outputs and gradients on a fixed batch, for `ms-llm compare`")
+    q.add_argument("--run-dir", required=True)
+    q.add_argument("--step", type=int, help="checkpoint step (default: newest)")
+    q.add_argument("--output", required=True)
+    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="e.g. precision.compute_dtype=float16 to dump the same weights in another precision")
+    q.set_defaults(func=cmd_dump)
+
+    p = sub.add_parser("compare", help="layer-by-layer comparison of two dumps (or runs with dumps/)")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--rtol", type=float, default=1e-2, help="max error relative to B's largest magnitude")
+    p.add_argument("--min-cosine", type=float, default=0.999)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare)

@@ -1,0 +1,128 @@
+"""Layer-by-layer dumps and their comparison: where do two runs part?
+
+`ms-llm debug dump --run-dir D [--step N] [--set precision.compute_dtype=float16] --output DUMP` loads the
+run's checkpoint, takes a fixed batch (the first validation batch) and writes every module's forward
+output and every parameter's gradient as plain .npz plus an index.json — so a dump made on Ascend can
+be compared on a laptop. `ms-llm compare A B` prints, per module in execution order, the max abs error,
+the max relative error (to B's largest magnitude) and the cosine similarity, and names the first module
+beyond tolerance.
+"""
+import hashlib
+import json
+import os
+
+import numpy as np
+
+from ms_llm.errors import UserError
+
+
+def make_dump(run_dir, out_dir, step=None, overrides=(), batch_size=None, log=print):
+    import mindspore as ms
+
+    from model_zoo import build_model
+    from ms_llm.checkpoint import store
+    from ms_llm.config import load_config
+    from ms_llm.data.loader import eval_batches
+    from ms_llm.data.manifest import load_manifest
+    from ms_llm.debug.probe import param_grads, trace_forward
+    from ms_llm.train.context import setup_context
+
+    cfg_path = os.path.join(run_dir, "config.yaml")
+    if not os.path.isfile(cfg_path):
+        raise UserError(f"'{run_dir}' is not a run directory (no config.yaml).")
+    cfg = load_config(cfg_path, list(overrides))
+    setup_context(cfg.context)
+    directory = store.rank_dir(run_dir, 0)
+    if step is None:
+        step, manifest = store.newest_valid(directory, warn=log)
+    else:
+        manifest, why = store.verify(directory, step)
+        if manifest is None:
+            raise UserError(f"checkpoint step {step} in {directory} is unusable ({why}). Steps available: "
+                            f"{store.list_checkpoints(directory) or 'none'}.")
+    if step is None:
+        raise UserError(f"run '{run_dir}' has no usable checkpoint to dump.")
+    model = build_model(cfg.model, cfg.precision.compute_dtype)
+    arrays = store.read_tensors(store.checkpoint_path(directory, manifest))
+    ms.load_param_into_net(model, {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in arrays.items()})
+    model.set_train(False)
+    data_manifest = load_manifest(cfg.data.dataset_dir)
+    batch = eval_batches(cfg.data.dataset_dir, data_manifest, batch_size or cfg.train.micro_batch_size, 1,
+                         seq_length=cfg.model.seq_length)[0]
+    records = trace_forward(model, batch, keep=True)
+    loss, grads = param_grads(model, batch)
+    os.makedirs(out_dir, exist_ok=True)
+    forward = {}
+    for name, _, _, arr in records:
+        forward.setdefault(name, arr)  # a module called twice keeps its first output
+    np.savez(os.path.join(out_dir, "forward.npz"), **forward)
+    np.savez(os.path.join(out_dir, "grads.npz"), **grads)
+    index = {"modules": list(forward), "parameters": list(grads), "step": step, "loss": loss,
+             "compute_dtype": cfg.precision.compute_dtype, "device": cfg.context.device_target,
+             "batch_sha256": hashlib.sha256(batch.asnumpy().tobytes()).hexdigest(), "run_dir": os.path.abspath(run_dir)}
+    with open(os.path.join(out_dir, "index.json"), "w", encoding="utf-8") as f:
+        json.dump(index, f, indent=1)
+    log(f"dumped {len(forward)} module outputs and {len(grads)} gradients (step {step}, "
+        f"{cfg.precision.compute_dtype}, loss {loss:.4f}) → {out_dir}")
+    return index
+
+
+def load_dump(path):
+    index_path = os.path.join(path, "index.json")
+    if not os.path.isfile(index_path):
+        raise UserError(f"'{path}' is not a dump (no index.json). Make one with `ms-llm debug dump --run-dir D "
+                        f"--output {path}`.")
+    with open(index_path, encoding="utf-8") as f:
+        index = json.load(f)
+    return index, dict(np.load(os.path.join(path, "forward.npz"))), dict(np.load(os.path.join(path, "grads.npz")))
+
+
+def errors(a, b):
+    a, b = a.astype(np.float64).ravel(), b.astype(np.float64).ravel()
+    finite = np.isfinite(a) & np.isfinite(b)
+    if not finite.all():
+        return {"max_abs": float("inf"), "max_rel": float("inf"), "cosine": float("nan"),
+                "nonfinite": int((~finite).sum())}
+    diff = np.abs(a - b)
+    scale = max(np.abs(b).max(), 1e-30)
+    cos = float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b) + 1e-300))
+    return {"max_abs": float(diff.max()), "max_rel": float(diff.max() / scale), "cosine": cos, "nonfinite": 0}
+
+
+def compare(path_a, path_b, rtol=1e-2, min_cosine=0.999):
+    ia, fa, ga = load_dump(path_a)
+    ib, fb, gb = load_dump(path_b)
+    if ia["batch_sha256"] != ib["batch_sha256"]:
+        raise UserError("the two dumps were made on different batches (batch_sha256 differs): dump both from the "
+                        "same run's data so the comparison means something.")
+    rows = []
+    for kind, xa, xb, names in (("forward", fa, fb, ia["modules"]), ("gradient", ga, gb, list(reversed(ia["parameters"])))):
+        for name in names:
+            if name not in xb or xa[name].shape != xb[name].shape:
+                rows.append({"kind": kind, "name": name, "missing": True})
+                continue
+            e = errors(xa[name], xb[name])
+            e.update(kind=kind, name=name, beyond=e["max_rel"] > rtol or not e["cosine"] >= min_cosine)
+            rows.append(e)
+    first = next((r for r in rows if r.get("beyond") or r.get("missing")), None)
+    return {"a": ia, "b": ib, "rows": rows, "first_divergent": first, "rtol": rtol, "min_cosine": min_cosine}
+
+
+def format_comparison(r):
+    lines = [f"A: {r['a']['run_dir']} step {r['a']['step']} {r['a']['compute_dtype']} on {r['a']['device']}",
+             f"B: {r['b']['run_dir']} step {r['b']['step']} {r['b']['compute_dtype']} on {r['b']['device']}",
+             f"{'':2}{'module / parameter':<44}{'max abs':>11}{'max rel':>11}{'cosine':>10}"]
+    for row in r["rows"]:
+        if row.get("missing"):
+            lines.append(f"! {row['name']:<44} missing or different shape in B")
+            continue
+        mark = "!" if row["beyond"] else " "
+        label = row["name"] if row["kind"] == "forward" else f"grad {row['name']}"
+        lines.append(f"{mark} {label:<44}{row['max_abs']:>11.3g}{row['max_rel']:>11.3g}{row['cosine']:>10.6f}")
+    first = r["first_divergent"]
+    if first is None:
+        lines.append(f"no divergence beyond max rel {r['rtol']:g} / cosine {r['min_cosine']}")
+    else:
+        lines.append(f"first divergence: {first['kind']} {first['name']} (max rel > {r['rtol']:g} or cosine < "
+                     f"{r['min_cosine']})")
+    return "\n".join(lines)
