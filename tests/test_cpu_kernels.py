@@ -2,7 +2,6 @@
 import numpy as np
 import pytest
 import mindspore as ms
-from mindspore import ops
 
 from ms_llm.nn import cpu_kernels
 from ms_llm.nn.activations import GeluTanh

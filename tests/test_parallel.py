@@ -169,10 +169,13 @@ def test_recompute_shows_in_the_compiled_graph_and_keeps_the_losses(dataset, tmp
     base_losses, base_gelu, base_softmax = probe("none", plain)
     full_losses, full_gelu, full_softmax = probe("full", plain, "recompute_config.recompute=true")
     sel_losses, sel_gelu, sel_softmax = probe("select", "recompute_config.select_recompute=true")
+    mixed_losses, mixed_gelu, mixed_softmax = probe("mixed", plain, "recompute_config.recompute=[1]")
     assert base_softmax == 2 and base_gelu == 2  # two layers, each op once in the forward
     assert base_losses == full_losses == sel_losses  # recompute changes memory, never the numbers
     assert full_gelu == 2 * base_gelu and full_softmax == 2 * base_softmax  # every layer's forward runs twice
     assert sel_gelu == 2 * base_gelu and sel_softmax == 2 * base_softmax  # the selected ops run twice
+    # layers that recompute differently do not share one reused (lazy_inline) graph: only layer 0 recomputes
+    assert mixed_losses == base_losses and mixed_gelu == 3 and mixed_softmax == 3
 
 
 def test_reshard_split_for_model_parallel_then_merge_is_bit_identical(tmp_path):

@@ -11,11 +11,22 @@ The indices are handed to `MindDataset` through a `SubsetSampler`, so reading an
 MindSpore's C++ pipeline.
 """
 import os
-import time
 
 import numpy as np
 
 MAX_CHUNK = 1 << 20  # rank samples per MindDataset pipeline (~4 MiB of indices)
+
+
+def check_token_ids(batch, vocab_size):
+    """The integer analogue of a NaN input: token ids outside [0, vocab). Returns a message or None."""
+    bad = (batch < 0) | (batch >= vocab_size)
+    if not bad.any():
+        return None
+    sample, pos = (int(i) for i in np.argwhere(bad)[0])
+    return (f"token id {int(batch[sample, pos])} at sample {sample}, position {pos} (and {int(bad.sum()) - 1} "
+            f"more) is outside the vocabulary [0, {vocab_size}): a corrupted sample or a tokenizer/vocabulary "
+            f"mismatch (check data.dataset_dir/manifest.json against model.vocab_size). Caught before the forward "
+            f"pass, where the embedding lookup would have read garbage or failed.")
 
 
 def epoch_permutation(seed, epoch, n):
@@ -73,7 +84,7 @@ class TrainBatches:
         self.width = (seq_length or manifest["seq_length"]) + 1
         self.stream = RankStream(self.num_samples, dp, rank, seed, shuffle)
         self.chunk = min(MAX_CHUNK, max(1, self.num_samples // (dp * micro_batch)) * micro_batch)
-        self.wait_s = 0.0  # time spent waiting for data, reset by the reader of it
+        self.wait_s = 0.0  # time the trainer spent waiting for batches (accumulated by the session)
         self.seek(consumed)  # this rank's stream position
 
     def seek(self, consumed):
@@ -103,7 +114,6 @@ class TrainBatches:
     def __next__(self):
         import mindspore as ms
 
-        t0 = time.perf_counter()
         if self._left == 0:
             self._next_chunk()
         (batch,) = next(self._it)
@@ -111,9 +121,7 @@ class TrainBatches:
         self.q += self.micro_batch
         if batch.shape[1] != self.width:
             batch = batch[:, : self.width]
-        out = ms.Tensor(batch)
-        self.wait_s += time.perf_counter() - t0
-        return out
+        return ms.Tensor(batch)
 
 
 def eval_batches(dataset_dir, manifest, micro_batch, num_batches, dp=1, rank=0, seq_length=None, num_workers=1,

@@ -15,6 +15,8 @@ from ms_llm.errors import UserError
 MIN_RECORDS = 4          # loss-curve rules need at least this many log records
 EXPLODE_FACTOR = 10.0    # grad norm > 10x its early median = exploding
 DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN = 0.25, 0.15, 3  # above best + max(0.25, 15%) for 3 records
+UNIFORM_MARGIN = 1.05    # interval-mean loss above 1.05 x ln(vocab): worse than the uniform start
+STUCK_VAL, STUCK_TRAIN_DROP = 0.95, 0.2  # val never below 95% of ln(vocab) while train fell 20%: labels
 SMOOTH = 5               # divergence compares trailing medians of 5 records (noise-proof minimum)
 FLAT_MIN_STEPS, FLAT_REL_DROP, UNIFORM_FRAC = 100, 0.02, 0.95
 ZERO_LOSS, VAL_GAP_ABS, VAL_GAP_REL = 0.1, 1.0, 0.5
@@ -233,9 +235,17 @@ def rule_divergence(run, found, _):
     gn = [(s, v) for s, v in points(run.train, "grad_norm") if stop is None or s < stop]
     vals = [v for _, v in gn]
     blowup = len(gn) >= 6 and statistics.median(vals[-3:]) > EXPLODE_FACTOR * early_median(vals)
-    if onset is None and not blowup:
+    # A model initialised as GPT-2 is (init_std 0.02) predicts about uniformly: its loss starts at ln(vocab).
+    # An interval mean well above that means the updates made it worse than uniform: overshooting.
+    vocab = run.cfg("model.vocab_size")
+    uniform = math.log(vocab) if vocab else None
+    above = [(st, v) for st, v in raw if uniform and v > UNIFORM_MARGIN * uniform]
+    if onset is None and not blowup and not above:
         return None
     ev = []
+    if above:
+        ev.append(f"loss {g(above[0][1])} at step {above[0][0]} is above ln(vocab) = {g(uniform)}, the loss of a "
+                  f"uniform prediction the model starts from: the first updates made it worse")
     if onset is not None:
         peak = max((p for p in pts if p[0] >= onset), key=lambda p: p[1])
         ev.append(f"loss (median of {SMOOTH} records) fell to {g(best[1])} at step {best[0]}, then stayed above "
@@ -256,9 +266,12 @@ def rule_divergence(run, found, _):
     causes.append("a run of bad batches around the onset (duplicated or corrupt documents)")
     actions = lr_actions(run) + (["--set train.clip_grad=1.0"] if loose else []) + [
         "--set train.beta2=0.95 (faster-adapting second moment, the usual LLM setting)",
-        "ms-llm debug stats (which layers' gradients grow)"]
+        "--set monitor.tensor_stats.every=50 (which layers' gradients grow)"]
     if onset is not None:
         return [Finding("divergence", "error", f"training diverges from step {onset}", ev, causes, actions, [onset])]
+    if above:
+        return [Finding("divergence", "error", f"loss rose above the uniform-prediction loss at step {above[0][0]} "
+                        f"(overshooting updates)", ev, causes, actions, [above[0][0]])]
     top = max(gn, key=lambda p: p[1])
     return [Finding("divergence", "error", f"gradient norm exploding: {top[1] / early_median(vals):.0f}x its early "
                     f"value by step {top[0]}", ev, causes, actions, [top[0]])]
@@ -332,6 +345,17 @@ def rule_labels(run, found, _):
                 causes.append("training and evaluation build targets differently (one shifts, the other does not, "
                               "or shifts twice)")
             causes.append("the validation split comes from another tokenizer or distribution (data.dataset_dir)")
+    vocab = run.cfg("model.vocab_size")
+    if len(evals) >= 2 and len(pts) >= MIN_RECORDS and vocab and not steps:
+        uniform, fell = math.log(vocab), (pts[0][1] - pts[-1][1]) / pts[0][1]
+        if min(v for _, v in evals) > STUCK_VAL * uniform and fell > STUCK_TRAIN_DROP:
+            ev.append(f"training loss fell {100 * fell:.0f}% ({g(pts[0][1])} → {g(pts[-1][1])}) while val_loss never "
+                      f"left the uniform-prediction level ln(vocab) = {g(uniform)} (best {g(min(v for _, v in evals))}):"
+                      f" what the step learns does not transfer to next-token prediction")
+            steps.append(evals[-1][0])
+            causes.append("the training step's targets are not the next tokens (not shifted, or shifted twice) while "
+                          "evaluation's are")
+            causes.append("the validation split comes from another tokenizer or distribution (data.dataset_dir)")
     if not ev:
         return None
     causes.append("memorising a tiny dataset over many epochs (then val_loss rises while train falls)")
@@ -380,7 +404,7 @@ def rule_spikes(run, found, _):
         causes.append("float16 precision loss in attention logits or norms")
     actions = [f"inspect the batches of steps {steps_text([s for s, *_ in spikes])} (data position = step x "
                f"global_batch_size samples)", "--set train.beta2=0.95", lr_actions(run)[0],
-               "--set train.clip_grad=1.0" if not run.cfg("train.clip_grad") else "ms-llm debug stats"]
+               "--set train.clip_grad=1.0" if not run.cfg("train.clip_grad") else "--set monitor.tensor_stats.every=50"]
     return [Finding("loss_spikes", "warning", f"{len(spikes)} loss spike(s) at steps "
                     f"{steps_text([s for s, *_ in spikes])}", ev, causes, actions, [s for s, *_ in spikes])]
 
@@ -575,12 +599,17 @@ def rule_always_clipped(run, found, _):
 FLAG_TEXT = {
     "vanishing": ("vanishing gradients/activations", ["too small init or post-norm without residual scaling",
                                                       "dead activations (zero_frac high)", "LR far too low"],
-                  ["check model.init_std and the layers named", "ms-llm debug stats"]),
+                  ["check model.init_std and the layers named", "--set monitor.tensor_stats.every=50 to follow them"]),
     "exploding": ("exploding gradients/activations", ["LR too high", "no clipping", "float16 range"],
-                  ["--set train.clip_grad=1.0", "lower train.lr", "ms-llm debug stats"]),
+                  ["--set train.clip_grad=1.0", "lower train.lr", "--set train.anomaly=true to skip spikes"]),
     "dtype_mismatch": ("dtype mismatch", ["a parameter, gradient or optimizer state in an unexpected dtype "
                                           "(float16 master weights lose small updates)"],
                        ["keep master weights and optimizer states float32; check precision.compute_dtype casts"]),
+    "grad_scale_mismatch": ("gradient scale mismatch", ["the loss is not divided by the accumulation steps "
+                                                        "(gradient norm = accumulation x the mean loss's)",
+                                                        "a custom loss that is not the mean over tokens"],
+                            ["divide the loss by train.global_batch_size / (micro_batch_size x data_parallel)",
+                             "compare with a run at accumulation 1"]),
 }
 
 

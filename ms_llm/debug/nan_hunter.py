@@ -10,21 +10,10 @@ import math
 
 import numpy as np
 
+from ms_llm.data.loader import check_token_ids
 from ms_llm.debug.probe import execution_order, param_grads, pynative, stats, trace_forward
 
 FP16_MAX = 65504.0
-
-
-def check_token_ids(batch, vocab_size):
-    """The integer analogue of a NaN input: token ids outside [0, vocab). Returns a message or None."""
-    bad = (batch < 0) | (batch >= vocab_size)
-    if not bad.any():
-        return None
-    sample, pos = (int(i) for i in np.argwhere(bad)[0])
-    return (f"input batch holds token id {int(batch[sample, pos])} at sample {sample}, position {pos} (and "
-            f"{int(bad.sum()) - 1} more) outside the vocabulary [0, {vocab_size}): a corrupted sample or a "
-            f"tokenizer/vocabulary mismatch. Caught before the forward pass; the embedding lookup would have "
-            f"read garbage or failed.")
 
 
 def attention_scores(model, layer_name, ids):

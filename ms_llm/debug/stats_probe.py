@@ -11,7 +11,7 @@ computed over the finite values.
 import mindspore as ms
 from mindspore import nn, ops
 
-from ms_llm.train.step import LossFn
+from ms_llm.train.step import cross_entropy
 
 STAT_NAMES = ("mean", "std", "max_abs", "norm", "zero_frac", "nonfinite")
 
@@ -32,6 +32,19 @@ def tensor_stats(x):
     return ops.stack([mean, std, max_abs, ops.sqrt(sq), zero, nonfinite])
 
 
+class MeanLoss(nn.Cell):
+    """The next-token loss of one micro-batch divided by the micro-batches of a step, written here and not
+    taken from the training step, so that a wrong loss in the step shows up as a mismatch."""
+
+    def __init__(self, model, accum):
+        super().__init__(auto_prefix=False)
+        self.model, self.accum = model, accum
+
+    def construct(self, ids):
+        loss = cross_entropy(self.model(ids[:, :-1]), ids[:, 1:])
+        return loss / self.accum, loss
+
+
 class StatsProbe(nn.Cell):
     def __init__(self, model, optimizer, accum):
         super().__init__(auto_prefix=False)
@@ -39,16 +52,15 @@ class StatsProbe(nn.Cell):
         self.weights = optimizer.params
         self.exp_avg, self.exp_avg_sq = optimizer.exp_avg, optimizer.exp_avg_sq
         self.accum = accum
-        self.grad_fn = ms.value_and_grad(LossFn(model, accum), None, self.weights, has_aux=True)
+        self.grad_fn = ms.value_and_grad(MeanLoss(model, accum), None, self.weights, has_aux=True)
         self.hyper_map = ops.HyperMap()
 
     def construct(self, batches):
         states = self.model.hidden_states(batches[0][:, :-1])
         acts = ops.stack([tensor_stats(h) for h in states])
-        one = ops.ones((), ms.float32)
-        (_, loss), grads = self.grad_fn(batches[0], one)
+        (_, loss), grads = self.grad_fn(batches[0])
         for i in range(1, self.accum):
-            (_, more), g = self.grad_fn(batches[i], one)
+            (_, more), g = self.grad_fn(batches[i])
             grads = self.hyper_map(ops.add, grads, g)
             loss = loss + more
         grad_stats = ops.stack([tensor_stats(g) for g in grads])

@@ -1,8 +1,9 @@
 """Watching a training run from the inside: the NaN trigger and tensor statistics.
 
-Both cost nothing when off. `monitor.nan_check` checks every micro-batch's token ids before the step and
-every step's loss and gradient norm after it (one host sync per step); the first non-finite step is
-saved (`<run>/nan/step_<n>/`: batch, pre-step weights, report) and replayed by the NaN hunter.
+Both cost nothing when off. `monitor.nan_check` checks every step's loss and gradient norm (one host
+sync per step); the first non-finite step is saved (`<run>/nan/step_<n>/`: batch, pre-step weights,
+report) and replayed by the NaN hunter. (Token ids are checked before every step whether or not this is
+on: ms_llm.train.session.)
 `monitor.tensor_stats` probes one step in every `every` (a compiled probe on the same pre-step weights
 and batch) and appends per-layer records to `<run>/stats.jsonl`.
 """
@@ -13,7 +14,6 @@ import os
 import numpy as np
 
 from ms_llm.debug import nan_hunter
-from ms_llm.errors import UserError
 
 
 class NanWatch:
@@ -21,14 +21,6 @@ class NanWatch:
         self.dir = os.path.join(run_dir, "nan")
         self.rank, self.vocab, self.dtype, self.log = rank, vocab_size, compute_dtype, log
         self.reported = False
-
-    def check_batches(self, batches, step):
-        for i, b in enumerate(batches):
-            ids = b.asnumpy()
-            problem = nan_hunter.check_token_ids(ids, self.vocab)
-            if problem:
-                where = self.save(step, np.stack([x.asnumpy() for x in batches]), None, {"input": problem})
-                raise UserError(f"step {step + 1}, micro-batch {i}: {problem} The batch is saved in {where}.")
 
     def after_step(self, session, step, out, batches, writer):
         loss, grad_norm, code = float(out[0].asnumpy()), float(out[1].asnumpy()), int(out[2].asnumpy())

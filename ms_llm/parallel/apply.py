@@ -54,6 +54,8 @@ def apply_recompute(model, plan):
     Selective: only the attention core (scores, softmax) and the MLP activation, the activations that
     cost the most memory per FLOP (Korthikanti et al. 2022)."""
     for layer, mode in zip(model.layers, plan.recompute_of_layer):
+        if hasattr(layer, "cell_init_args"):  # lazy_inline shares one graph per key: layers that recompute
+            layer.cell_init_args += f"_recompute_{mode}"  # differently must not share it
         if mode == "full":
             layer.recompute()
         elif mode == "select":

@@ -3,13 +3,14 @@
 `open_session` does all checks that can refuse a run (config × world size, dataset × model) before it
 builds anything; the trainer, the benchmark and the debugging tools all start from it.
 """
+import time
 from dataclasses import dataclass
 from typing import Any, Callable, List
 
 import numpy as np
 
 from ms_llm.config import check_against_dataset, resolve_runtime
-from ms_llm.data.loader import TrainBatches, eval_batches
+from ms_llm.data.loader import TrainBatches, check_token_ids, eval_batches
 from ms_llm.data.manifest import has_manifest, load_manifest
 from ms_llm.errors import UserError
 from ms_llm.monitor.throughput import flops_per_token, peak_tflops
@@ -38,8 +39,16 @@ class Session:
         return self.cfg.train.global_batch_size * self.cfg.model.seq_length
 
     def next_batches(self):
-        """The micro-batches of the next optimizer step on this rank."""
-        return [next(self.data) for _ in range(self.accum)]
+        """The micro-batches of the next optimizer step on this rank; the time spent waiting for them is
+        added to `data.wait_s` (what the log line reports as the data share of step time)."""
+        t0 = time.perf_counter()
+        batches = [next(self.data) for _ in range(self.accum)]
+        self.data.wait_s += time.perf_counter() - t0
+        for i, b in enumerate(batches):  # an out-of-range id is the integer NaN: refuse it before the forward
+            problem = check_token_ids(b.asnumpy(), self.cfg.model.vocab_size)
+            if problem:
+                raise UserError(f"micro-batch {i} of the next step: {problem}")
+        return batches
 
     def train_step(self, batches=None):
         """One optimizer step: accum-1 accumulating micro-batches, then the updating one."""

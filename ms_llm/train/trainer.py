@@ -89,9 +89,10 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
             for step in range(start, t.max_steps):
                 if profiler is not None:
                     profiler.before_step(step)
-                batches = s.next_batches()
-                if nan_watch is not None:
-                    nan_watch.check_batches(batches, step)
+                try:
+                    batches = s.next_batches()
+                except UserError as e:
+                    raise UserError(f"step {step + 1}, {e}") from None
                 probing = tensor_stats is not None and tensor_stats.due(step)
                 if probing:
                     tensor_stats.before_step(s, step, batches)

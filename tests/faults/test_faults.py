@@ -1,0 +1,218 @@
+"""The fault suite: each classic training bug is injected, and the toolkit must name it.
+
+    (a) fp16 attention overflow          → NaN hunter names the attention scores of the first layer
+    (b) learning rate 100x too high      → diagnose: divergence, learning rate
+    (c) targets not shifted / twice      → overfit check fails on labels; diagnose points to labels
+    (d) a layer's output multiplied by 0 → tensor stats flag vanishing gradients in that layer
+    (e) accumulation without dividing    → gradient norm x accumulation flagged
+    (f) slow data pipeline               → diagnose flags data wait
+    (g) a corrupt token id in a batch    → caught before the forward, with the sample index
+    (h) fp32 vs fp16 run                 → compare names the first divergent layer
+and a clean run raises no alarm. Faults are injected by patching code in-process (so the compile cache
+is off: a cached graph of the unpatched code would hide them) or through config values.
+"""
+import json
+import os
+
+import pytest
+
+from conftest import ROOT, ms_llm, tiny_train_args
+from ms_llm.config import load_config
+from ms_llm.train.step import cross_entropy
+
+SHAKESPEARE = os.path.join(ROOT, "configs", "shakespeare_char.yaml")
+
+
+def tiny_cfg(dataset, *overrides):
+    args = tiny_train_args(dataset, "unused", "--set", "context.compile_cache=false", *overrides)
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    return load_config(SHAKESPEARE, sets)
+
+
+def train(cfg, run_dir):
+    from ms_llm.train.trainer import run
+
+    return run(cfg, run_dir=str(run_dir), echo=lambda *a: None)
+
+
+def diagnose(run_dir):
+    from ms_llm.debug.diagnose import diagnose as diag
+
+    return diag(str(run_dir))[1]
+
+
+def finding_text(findings):
+    return " | ".join(f"{f.id}: {f.symptom} {' '.join(f.causes)}" for f in findings)
+
+
+@pytest.fixture
+def patched_loss(monkeypatch):
+    """Replace the loss the training step differentiates (the fault), leaving evaluation correct."""
+    from ms_llm.train import step as step_module
+
+    def install(construct):
+        monkeypatch.setattr(step_module.LossFn, "construct", construct)
+
+    return install
+
+
+def test_a_fp16_attention_overflow_is_traced_to_the_attention_scores(dataset, tmp_path):
+    proc = ms_llm(*tiny_train_args(dataset, tmp_path / "run", "--set", "precision.compute_dtype=float16",
+                                   "--set", "model.init_std=30", "--set", "monitor.nan_check=true",
+                                   "--set", "train.max_steps=3", "--set", "context.compile_cache=false"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "culprit: layers.0.attention.core (attention scores QK^T)" in proc.stdout, proc.stdout[-3000:]
+    assert "attention scores overflow float16" in proc.stdout
+    saved = tmp_path / "run" / "nan" / "step_1" / "rank_0"
+    assert (saved / "batch.npy").is_file() and (saved / "state.ckpt").is_file()
+    replay = ms_llm("debug", "nan", "--run-dir", str(tmp_path / "run"))  # the same answer from the saved step
+    assert replay.returncode == 0 and "layers.0.attention.core (attention scores QK^T)" in replay.stdout
+
+
+def test_b_learning_rate_too_high_is_diagnosed_as_divergence(dataset, tmp_path):
+    quickstart_size = ["--set", "model.num_layers=4", "--set", "model.hidden_size=128", "--set", "model.num_heads=4"]
+    train(tiny_cfg(dataset, *quickstart_size, "--set", "train.lr=0.1", "--set", "train.max_steps=200",
+                   "--set", "train.warmup_steps=10", "--set", "train.eval_interval=100"), tmp_path / "run")
+    text = finding_text(diagnose(tmp_path / "run"))
+    assert "diverg" in text.lower() and "LR" in text, text
+
+
+def test_c_targets_not_shifted_fail_the_overfit_check_and_diagnose_points_to_labels(dataset, tmp_path, patched_loss):
+    from ms_llm.debug.overfit import overfit
+
+    def identity(self, ids, scale):  # the bug: predicts the input token itself
+        loss = cross_entropy(self.model(ids[:, :-1]), ids[:, :-1])
+        return loss * scale / self.accum, loss
+
+    patched_loss(identity)
+    r = overfit(tiny_cfg(dataset, "--set", "train.lr=3e-3"), samples=16, steps=60, echo=lambda *a: None)
+    assert not r["passed"] and any("not shifted" in s for s in r["suspects"]), r
+    train(tiny_cfg(dataset, "--set", "train.max_steps=60", "--set", "train.eval_interval=20"), tmp_path / "run")
+    text = finding_text(diagnose(tmp_path / "run"))
+    assert "label" in text.lower(), text
+
+
+def test_c_targets_shifted_twice_fail_the_overfit_check(dataset, patched_loss):
+    from ms_llm.debug.overfit import overfit
+
+    def twice(self, ids, scale):
+        loss = cross_entropy(self.model(ids[:, :-2]), ids[:, 2:])
+        return loss * scale / self.accum, loss
+
+    patched_loss(twice)
+    r = overfit(tiny_cfg(dataset, "--set", "train.lr=3e-3"), samples=16, steps=100, echo=lambda *a: None)
+    assert not r["passed"] and any("labels" in s for s in r["suspects"]), r
+
+
+def test_d_a_layer_multiplied_by_zero_is_flagged_vanishing(dataset, tmp_path, monkeypatch):
+    from ms_llm.nn import mlp
+    import model_zoo.gpt2.model as gpt2
+
+    original = gpt2.build_gpt2
+
+    def build(m, dtype):
+        import mindspore as ms
+
+        model = original(m, dtype)
+        for i, layer in enumerate(model.layers):  # a Parameter, not a Python attribute: the decoder layers share
+            layer.mlp.fault_scale = ms.Parameter(ms.Tensor(0.0 if i == 1 else 1.0, ms.float32),  # one compiled
+                                                 name=f"fault_scale_{i}", requires_grad=False)  # graph (lazy_inline)
+        return model
+
+    def construct(self, x):
+        return self.dropout(self.down(self.act(self.up(x)))) * self.fault_scale
+
+    monkeypatch.setattr(gpt2, "build_gpt2", build)
+    monkeypatch.setattr(mlp.GeluMLP, "construct", construct)
+    train(tiny_cfg(dataset, "--set", "train.max_steps=20", "--set", "monitor.tensor_stats.every=5"), tmp_path / "run")
+    flags = [json.loads(l) for l in open(tmp_path / "run" / "stats.jsonl") if '"flag"' in l]
+    vanishing = {f["name"] for f in flags if f["flag"] == "vanishing"}
+    assert vanishing and all(n.startswith("layers.1.mlp") for n in vanishing), flags
+    assert "layers.1.mlp.up.weight" in vanishing
+    assert "stats_vanishing" in finding_text(diagnose(tmp_path / "run"))
+
+
+def test_e_accumulation_without_dividing_the_loss_is_flagged(dataset, tmp_path, patched_loss):
+    def undivided(self, ids, scale):
+        loss = cross_entropy(self.model(ids[:, :-1]), ids[:, 1:])
+        return loss * scale, loss  # the bug: no / accumulation steps
+
+    patched_loss(undivided)
+    train(tiny_cfg(dataset, "--set", "train.max_steps=10", "--set", "train.micro_batch_size=2",
+                   "--set", "monitor.tensor_stats.every=5"), tmp_path / "run")
+    flags = [json.loads(l) for l in open(tmp_path / "run" / "stats.jsonl") if '"grad_scale_mismatch"' in l]
+    assert flags and "accumulation steps (4)" in flags[0]["detail"], flags
+    assert "stats_grad_scale_mismatch" in finding_text(diagnose(tmp_path / "run"))
+
+
+def test_f_slow_data_pipeline_is_diagnosed(dataset, tmp_path, monkeypatch):
+    import time
+    from ms_llm.data import loader
+
+    original = loader.TrainBatches.__next__
+
+    def slow(self):
+        time.sleep(0.03)  # e.g. on-the-fly tokenization or a remote filesystem
+        return original(self)
+
+    monkeypatch.setattr(loader.TrainBatches, "__next__", slow)
+    train(tiny_cfg(dataset, "--set", "train.max_steps=60", "--set", "train.eval_interval=0"), tmp_path / "run")
+    text = finding_text(diagnose(tmp_path / "run"))
+    assert "data" in text.lower() and "wait" in text.lower(), text
+
+
+def test_g_a_corrupt_token_in_a_batch_is_caught_before_the_forward(dataset, tmp_path, monkeypatch):
+    import mindspore as ms
+    from ms_llm.data import loader
+    from ms_llm.errors import UserError
+
+    original = loader.TrainBatches.__next__
+    calls = {"n": 0}
+
+    def corrupt(self):
+        batch = original(self)
+        if self.stream.shuffle:  # the training stream (validation batches are read unshuffled)
+            calls["n"] += 1
+        if calls["n"] == 3 and self.stream.shuffle:  # the third step: sample 5 carries an id no vocabulary has
+            a = batch.asnumpy().copy()
+            a[5, 7] = 10_000
+            return ms.Tensor(a)
+        return batch
+
+    monkeypatch.setattr(loader.TrainBatches, "__next__", corrupt)
+    with pytest.raises(UserError) as e:
+        train(tiny_cfg(dataset, "--set", "train.max_steps=10"), tmp_path / "run")
+    assert "step 3" in str(e.value) and "sample 5, position 7" in str(e.value) and "10000" in str(e.value)
+
+
+def test_h_fp32_vs_fp16_comparison_names_the_first_divergent_layer(dataset, tmp_path):
+    from ms_llm.checkpoint import store
+
+    run = tmp_path / "run"
+    assert ms_llm(*tiny_train_args(dataset, run, "--set", "train.max_steps=10")).returncode == 0
+    directory = store.rank_dir(str(run), 0)
+    step, manifest = store.newest_valid(directory)
+    arrays = store.read_tensors(store.checkpoint_path(directory, manifest))
+    arrays["layers.1.attention.qkv.weight"] = arrays["layers.1.attention.qkv.weight"] * 2000  # fp16 scores overflow
+    store.save(directory, step + 1, arrays, {k: manifest[k] for k in ("consumed_samples", "epoch", "config")})
+    for name, dtype in (("fp32", "float32"), ("fp16", "float16")):
+        proc = ms_llm("debug", "dump", "--run-dir", str(run), "--output", str(run / "dumps" / name),
+                      "--set", f"precision.compute_dtype={dtype}")
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    out = ms_llm("compare", str(run / "dumps" / "fp32"), str(run / "dumps" / "fp16"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    first = [l for l in out.stdout.splitlines() if l.startswith("first divergence")][0]
+    assert "layers.1.attention" in first, out.stdout
+    assert not any(l.startswith("! layers.0") for l in out.stdout.splitlines())  # layer 0 agrees within tolerance
+    same = ms_llm("compare", str(run / "dumps" / "fp32"), str(run / "dumps" / "fp32"))
+    assert "no divergence" in same.stdout
+
+
+def test_a_clean_run_raises_no_alarm(dataset, tmp_path):
+    train(tiny_cfg(dataset, "--set", "train.max_steps=200", "--set", "monitor.nan_check=true",
+                   "--set", "monitor.tensor_stats.every=50", "--set", "train.anomaly=true",
+                   "--set", "train.eval_interval=50"), tmp_path / "run")
+    findings = [f for f in diagnose(tmp_path / "run") if f.severity != "info"]
+    assert not findings, finding_text(findings)
+    assert not (tmp_path / "run" / "nan").exists()
+    assert not [l for l in open(tmp_path / "run" / "stats.jsonl") if '"flag"' in l]
