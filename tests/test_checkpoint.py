@@ -235,3 +235,32 @@ def test_remote_urls_are_printed_without_credentials():
 
     assert redact("obs://AKID123:SECRET@bucket/run?Signature=abc&Expires=1") == "obs://***@bucket/run?***"
     assert redact("s3://bucket/run") == "s3://bucket/run"
+
+
+def test_anomaly_guard_rolls_back_after_repeated_non_finite_steps(dataset, tmp_path, monkeypatch):
+    """Three consecutive non-finite steps (simulated) → weights of the last checkpoint, learning rate halved."""
+    import mindspore as ms
+    from ms_llm.config import load_config
+    from ms_llm.train import session as session_module
+    from ms_llm.train.trainer import run
+
+    real = session_module.Session.train_step
+
+    def flaky(self, batches=None):
+        out = real(self, batches)
+        done = int(self.step_fn.state.global_step.asnumpy())
+        return (out[0], out[1], ms.Tensor(1, ms.int32), out[3]) if 22 <= done <= 24 else out
+
+    monkeypatch.setattr(session_module.Session, "train_step", flaky)
+    args = tiny_train_args(dataset, "unused", *RUN, "--set", "train.anomaly.max_nonfinite=3",
+                           "--set", "train.anomaly.lr_factor=0.5", "--set", "context.compile_cache=false")
+    cfg = load_config(os.path.join(ROOT, "configs", "shakespeare_char.yaml"),
+                      [args[i + 1] for i, a in enumerate(args) if a == "--set"])
+    run(cfg, run_dir=str(tmp_path / "run"), echo=lambda *a: None)
+    recs = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl")]
+    rollback = [r for r in recs if r.get("event") == "rollback"]
+    assert len(rollback) == 1 and rollback[0]["step"] == 24 and rollback[0]["to_step"] == 20
+    assert rollback[0]["lr_scale"] == 0.5
+    from ms_llm.train.lr_schedule import lr_at
+    at_30 = next(r for r in recs if r.get("step") == 30 and "lr" in r)
+    assert at_30["lr"] == pytest.approx(0.5 * lr_at(29, cfg.train))

@@ -4,7 +4,7 @@ import os
 
 import yaml
 
-from conftest import ms_llm, tiny_train_args
+from conftest import ROOT, ms_llm, tiny_train_args
 
 
 def assert_clean_refusal(proc, *words):
@@ -117,3 +117,22 @@ def test_profile_window_prints_top_operators(dataset, tmp_path):
     assert any((run / "profile" / "rank_0").iterdir())
     top = json.loads((run / "run_info.json").read_text())["final"]["profile_top_ops"]
     assert len(top) == 10 and top[0]["ms_per_step"] >= top[-1]["ms_per_step"] > 0
+
+
+def test_doctor_checks_the_machine_and_smoke_trains(tmp_path):
+    proc = ms_llm("doctor", "--run-dir", str(tmp_path))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    for check in ("[PASS] mindspore: 2.10", "[PASS] numpy", "[PASS] device target", "[PASS] disk space",
+                  "[PASS] smoke train: 20 steps of a tiny GPT: loss"):
+        assert check in proc.stdout, proc.stdout
+    noisy = ms_llm("doctor", "--no-smoke", "--run-dir", str(tmp_path), env={"ASCEND_GLOBAL_LOG_LEVEL": "0"})
+    assert "[WARN] ASCEND_GLOBAL_LOG_LEVEL" in noisy.stdout and "set 3" in noisy.stdout
+
+
+def test_overfit_command_passes_on_a_healthy_model(dataset):
+    proc = ms_llm("debug", "overfit", "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"),
+                  "--set", f"data.dataset_dir={dataset}", "--set", "data.source=null", "--set", "model.seq_length=32",
+                  "--set", "model.num_layers=2", "--set", "model.hidden_size=64", "--samples", "16", "--steps", "150",
+                  "--set", "train.lr=3e-3")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "overfit check PASSED" in proc.stdout

@@ -146,3 +146,25 @@ def test_tiny_model_overfits_one_batch():
     losses = [float(s(b)[0].asnumpy()) for _ in range(150)]
     assert losses[0] == pytest.approx(math.log(VOCAB), rel=0.05)
     assert losses[-1] < 0.2 * losses[0]
+
+
+def test_anomaly_guard_skips_a_spiking_update_without_touching_the_weights():
+    from ms_llm.config.schema import AnomalyConfig
+
+    cfg = load_config(None, ["model.preset=tiny-gpt2", f"model.vocab_size={VOCAB}", "model.seq_length=16",
+                             "train.max_steps=100", "train.warmup_steps=0", "train.lr=1e-2"])
+    ms.set_seed(0)
+    model = build_model(cfg.model)
+    t = cfg.train
+    opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
+    step = TrainStep(model, opt, cfg.precision, t.clip_grad, 1, 1, t.max_steps, lr_table(t),
+                     AnomalyConfig(zscore=3.0, window=5))
+    model.set_train(True)
+    constant = np.zeros((8, 17), np.int32)  # an easy batch: the loss and gradients settle quickly
+    codes = [int(step(ms.Tensor(constant))[2].asnumpy()) for _ in range(20)]
+    assert codes == [0] * 20
+    before = params(model)
+    loss, _, code, _ = step(ms.Tensor(batch(8, seed=3)))  # unseen random tokens: a loss far above the history
+    assert int(code.asnumpy()) == 2
+    assert all(np.array_equal(before[k], v) for k, v in params(model).items())
+    assert int(step(ms.Tensor(constant))[2].asnumpy()) == 0  # the next ordinary step goes through
