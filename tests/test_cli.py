@@ -90,13 +90,17 @@ def test_preprocess_command(corpus, tmp_path):
 def test_compile_cache_reuses_only_identical_graphs(dataset, tmp_path):
     env = {"MS_LLM_CACHE": str(tmp_path / "cache")}
     runs = {}
-    for name, extra in (("a", []), ("b", ["--set", "train.eval_interval=10"]), ("c", ["--set", "model.num_layers=3"])):
+    for name, extra in (("a", []), ("b", ["--set", "train.eval_interval=10"]), ("c", ["--set", "model.num_layers=3"]),
+                        ("d", ["--set", "monitor.tensor_stats.every=5", "--set", "train.eval_interval=0"])):
         proc = ms_llm(*tiny_train_args(dataset, tmp_path / name, "--set", "train.max_steps=20", *extra), env=env)
         assert proc.returncode == 0, proc.stderr[-2000:]
         runs[name] = proc.stdout
     assert "compile cache: filling" in runs["a"]
     assert "compile cache: reusing" in runs["b"]  # a different eval interval compiles to the same graph
     assert "compile cache: filling" in runs["c"]  # a different model never reuses another's graph
+    # graphs compiled after the step (probes, evaluation) are never cached: run d compiles a statistics probe
+    # where run a compiled its evaluation graph, and must get its own
+    assert "compile cache: reusing" in runs["d"] and (tmp_path / "d" / "stats.jsonl").stat().st_size > 0
 
     def losses(name):
         records = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())

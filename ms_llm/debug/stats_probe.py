@@ -11,7 +11,7 @@ computed over the finite values.
 import mindspore as ms
 from mindspore import nn, ops
 
-from ms_llm.train.step import cross_entropy
+from ms_llm.train.step import cross_entropy, sum_of_squares
 
 STAT_NAMES = ("mean", "std", "max_abs", "norm", "zero_frac", "nonfinite")
 
@@ -34,15 +34,17 @@ def tensor_stats(x):
 
 class MeanLoss(nn.Cell):
     """The next-token loss of one micro-batch divided by the micro-batches of a step, written here and not
-    taken from the training step, so that a wrong loss in the step shows up as a mismatch."""
+    taken from the training step, so that a wrong loss in the step shows up as a mismatch. The statistics
+    of the residual stream come out of the same forward pass (as auxiliary outputs, not differentiated)."""
 
     def __init__(self, model, accum):
         super().__init__(auto_prefix=False)
         self.model, self.accum = model, accum
 
     def construct(self, ids):
-        loss = cross_entropy(self.model(ids[:, :-1]), ids[:, 1:])
-        return loss / self.accum, loss
+        states = self.model.hidden_states(ids[:, :-1])
+        loss = cross_entropy(self.model.logits(states[-1]), ids[:, 1:])
+        return loss / self.accum, (loss, ops.stack([tensor_stats(h) for h in states]))
 
 
 class StatsProbe(nn.Cell):
@@ -56,14 +58,12 @@ class StatsProbe(nn.Cell):
         self.hyper_map = ops.HyperMap()
 
     def construct(self, batches):
-        states = self.model.hidden_states(batches[0][:, :-1])
-        acts = ops.stack([tensor_stats(h) for h in states])
-        (_, loss), grads = self.grad_fn(batches[0])
+        (_, (loss, acts)), grads = self.grad_fn(batches[0])
         for i in range(1, self.accum):
-            (_, more), g = self.grad_fn(batches[i])
+            (_, (more, _)), g = self.grad_fn(batches[i])
             grads = self.hyper_map(ops.add, grads, g)
             loss = loss + more
         grad_stats = ops.stack([tensor_stats(g) for g in grads])
-        moments = ops.stack([ops.stack([ops.sqrt((m * m).sum()), ops.sqrt((v * v).sum())])
+        moments = ops.stack([ops.stack([ops.sqrt(sum_of_squares(m)), ops.sqrt(sum_of_squares(v))])
                              for m, v in zip(self.exp_avg, self.exp_avg_sq)])
         return acts, grad_stats, moments, loss / self.accum

@@ -78,9 +78,12 @@ class CausalLM(nn.Cell):
             states = states + (x,)
         return states + (self.final_norm(x),)
 
-    def construct(self, ids):
-        b, t = ids.shape
-        x = self.hidden_states(ids)[-1].reshape(b * t, self.hidden)
+    def logits(self, x):
+        """(B, T, hidden) final-norm output → (B, T, vocab) float32 logits."""
+        b, t, _ = x.shape
         head = self.embedding if self.tie else self.lm_head
-        logits = self.head_matmul(x, head.astype(self.dtype))
+        logits = self.head_matmul(x.reshape(b * t, self.hidden), head.astype(self.dtype))
         return logits.astype(ms.float32).reshape(b, t, self.vocab_size)
+
+    def construct(self, ids):
+        return self.logits(self.hidden_states(ids)[-1])

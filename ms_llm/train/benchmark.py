@@ -14,28 +14,40 @@ from ms_llm.train.session import open_session
 
 
 def run_benchmark(cfg, steps=50, warmup=5, echo=print):
-    """With checkpoint.save_interval > 0, checkpoints are written (to a temporary run dir) inside the
-    timed steps, so `ms_per_step_mean` shows their cost (compare with a run without, or async_save)."""
+    """With checkpoint.save_interval > 0 or monitor.tensor_stats set, checkpoints / statistics records are
+    written (to a temporary run dir) inside the timed steps, so `ms_per_step_mean` shows their cost; the
+    statistics probe is compiled during warm-up, like the step."""
+    import tempfile
+
+    from ms_llm.checkpoint import state as ckpt_state
+    from ms_llm.checkpoint.saver import CheckpointSaver
+    from ms_llm.debug.watch import TensorStats
+
     s = open_session(cfg, echo)
-    saver, tmp = None, None
-    if cfg.checkpoint.save_interval:
-        import tempfile
-
-        from ms_llm.checkpoint import state as ckpt_state
-        from ms_llm.checkpoint.saver import CheckpointSaver
-
-        tmp = tempfile.TemporaryDirectory(prefix="ms_llm_bench_")
-        saver = CheckpointSaver(tmp.name, 0, cfg.checkpoint, echo)
+    tmp = tempfile.TemporaryDirectory(prefix="ms_llm_bench_")
+    saver = CheckpointSaver(tmp.name, 0, cfg.checkpoint, echo) if cfg.checkpoint.save_interval else None
+    stats = TensorStats(cfg.monitor.tensor_stats, tmp.name, 0, 1, echo) if cfg.monitor.tensor_stats else None
     t0 = time.perf_counter()
     s.train_step()[0].asnumpy()
     compile_s = time.perf_counter() - t0
     for _ in range(warmup):
         s.train_step()[0].asnumpy()
+    if stats is not None:  # compile the probe outside the timed steps
+        batches = s.next_batches()
+        stats.before_step(s, 0, batches)
+        stats.after_step(s, 0, s.train_step(batches), None)
     times, waits, save_s = [], [], 0.0
     for i in range(steps):
         w0 = s.data.wait_s
         t0 = time.perf_counter()
-        s.train_step()[0].asnumpy()
+        batches = s.next_batches()
+        probing = stats is not None and stats.due(i)
+        if probing:
+            stats.before_step(s, i, batches)
+        out = s.train_step(batches)
+        out[0].asnumpy()
+        if probing:
+            stats.after_step(s, i, out, None)
         if saver is not None and (i + 1) % cfg.checkpoint.save_interval == 0:
             t1 = time.perf_counter()
             saver.save(i + 1, ckpt_state.capture(s), ckpt_state.describe(s, i + 1, {}))
@@ -44,7 +56,7 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
         waits.append(s.data.wait_s - w0)
     if saver is not None:
         saver.close()
-        tmp.cleanup()
+    tmp.cleanup()
     times = np.array(times)
     median = float(np.median(times))
     tokens_per_s = s.tokens_per_step / median

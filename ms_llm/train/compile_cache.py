@@ -1,4 +1,5 @@
-"""MindSpore's compile cache, keyed so that a cached graph is only ever reused for the same graph.
+"""MindSpore's compile cache for the training step, keyed so that a cached graph is only ever reused for the
+same graph.
 
 MindSpore keys its cache by the Python sources alone: a 4-layer run after a 24-layer run with the same
 cache directory silently executes the 24-layer graph. So each distinct (config, code, MindSpore
@@ -43,6 +44,15 @@ def cache_key(cfg, world_size, purpose):
     blob = json.dumps({"config": d, "world_size": world_size, "purpose": purpose, "mindspore": ms.__version__,
                        "code": _code_digest()}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:20]
+
+
+def close():
+    """Stop caching once the training step is compiled. MindSpore numbers cached graphs in compile order
+    (compile_cache_0, _1, ...), and later graphs (evaluation, statistics probes, the NaN hunter) depend on
+    run settings left out of the key: caching them would hand one run another run's graph."""
+    import mindspore as ms
+
+    ms.set_context(enable_compile_cache=False)
 
 
 def enable(cfg, rt, purpose="train"):

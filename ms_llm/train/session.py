@@ -33,6 +33,7 @@ class Session:
     n_params: int
     flops_per_token: float
     peak_flops: float
+    compile_cache_open: bool = False
 
     @property
     def tokens_per_step(self):
@@ -55,7 +56,13 @@ class Session:
         batches = batches or self.next_batches()
         for b in batches[:-1]:
             self.step_fn.accumulate(b)
-        return self.step_fn(batches[-1])
+        out = self.step_fn(batches[-1])
+        if self.compile_cache_open:  # the step's graphs are compiled (or loaded): cache nothing else
+            from ms_llm.train import compile_cache
+
+            compile_cache.close()
+            self.compile_cache_open = False
+        return out
 
 
 def open_session(cfg, echo=print, preflight=None, purpose="train"):
@@ -89,6 +96,7 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
 
         path, hit = compile_cache.enable(cfg, rt, purpose)
         log(f"compile cache: {'reusing' if hit else 'filling'} {path}")
+    cache_open = cfg.context.compile_cache and cfg.context.mode == "graph"
     ms.set_seed(t.seed)
     np.random.seed(t.seed)
     semi_auto = plan.semi_auto
@@ -115,7 +123,7 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     n_params = count_params(model)
     s = Session(cfg, rt, log, manifest, plan, accum, model, step_fn, EvalStep(model), data, val, n_params,
                 flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length),
-                peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12)
+                peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, cache_open)
     log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
         f"seq {m.seq_length}, vocab {m.vocab_size}); compute dtype {cfg.precision.compute_dtype}")
     if t.warmup_steps >= t.max_steps:

@@ -173,6 +173,10 @@ def dry_run(cfg, echo=print):
     if s.accum > 1:
         s.step_fn.accumulate.compile(batch)
     s.step_fn.compile(batch)
+    if s.compile_cache_open:
+        from ms_llm.train import compile_cache
+
+        compile_cache.close()
     s.log(f"dry run: training step compiled in {time.perf_counter() - t0:.1f} s; nothing was trained or written")
     return s
 
