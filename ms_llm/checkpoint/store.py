@@ -8,12 +8,13 @@ Order of writing: tensors to a temporary file, fsync, rename; then the manifest 
 `latest`; then pruning of old checkpoints. A crash at any point leaves every earlier checkpoint intact
 and, at worst, a newest one without a manifest, which `newest_valid` skips with a one-line warning.
 """
-import hashlib
 import json
 import os
 import re
 
 import numpy as np
+
+from ms_llm.fileio import atomic_write_bytes, sha256_file
 
 STEP_RE = re.compile(r"^step_(\d+)\.(ckpt|safetensors)$")
 EXTENSIONS = {"ckpt": ".ckpt", "safetensors": ".safetensors"}
@@ -37,23 +38,6 @@ def _fsync_dir(path):
 def _fsync_file(path):
     with open(path, "rb+") as f:
         os.fsync(f.fileno())
-
-
-def atomic_write_bytes(path, data):
-    tmp = os.path.join(os.path.dirname(path), f".tmp-{os.path.basename(path)}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def sha256_file(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_tensors(path, arrays, fmt):

@@ -6,7 +6,6 @@ of the split is a prediction target exactly once. The validation split is the la
 token stream (as nanoGPT does), so train and val never share text.
 """
 import datetime
-import hashlib
 import json
 import os
 import shutil
@@ -17,6 +16,7 @@ import numpy as np
 from ms_llm.data.manifest import MANIFEST, SCHEMA_VERSION, SPLIT_FILES
 from ms_llm.data.tokenizers import build_tokenizer
 from ms_llm.errors import UserError
+from ms_llm.fileio import sha256_file
 
 WRITE_CHUNK = 8192  # samples per write_raw_data call
 SMALL = 1 << 30
@@ -59,14 +59,6 @@ def pack(tokens, seq_length):
         return np.zeros((0, seq_length + 1), np.int32)
     windows = np.lib.stride_tricks.sliding_window_view(tokens[: n * seq_length + 1], seq_length + 1)
     return np.ascontiguousarray(windows[::seq_length], dtype=np.int32)
-
-
-def sha256_of(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def write_mindrecord(path, samples):
@@ -127,7 +119,7 @@ def preprocess(source, output_dir, seq_length, tokenizer="char", val_fraction=0.
             "max_token_id": int(tokens.max()),
             "splits": {name: {"file": SPLIT_FILES[name], "samples": int(len(s)), "tokens": int(len(splits[name]))}
                        for name, s in samples.items()},
-            "source": {"path": os.path.abspath(source), "sha256": sha256_of(source),
+            "source": {"path": os.path.abspath(source), "sha256": sha256_file(source),
                        "bytes": os.path.getsize(source), "documents": len(docs)},
             "val_fraction": val_fraction,
             "created": datetime.datetime.now().isoformat(timespec="seconds"),

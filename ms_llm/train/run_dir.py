@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import atomic_write_bytes
 
 
 def check_run_dir(run_dir, resume):
@@ -65,7 +66,4 @@ def run_info(rt, cfg, extra=None):
 
 
 def write_json(path, obj):
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-    os.replace(tmp, path)
+    atomic_write_bytes(path, json.dumps(obj, indent=1).encode())

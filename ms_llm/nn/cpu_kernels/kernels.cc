@@ -30,6 +30,20 @@ inline float sigmoid_2u(float x) {
   return 1.0f / (1.0f + expf(-u2));
 }
 
+// Mean and 1/sqrt(variance + eps) of one row: two passes (mean first) for float32 accuracy.
+inline void row_moments(const float *xr, int64_t cols, float eps, float *mean_out, float *rstd_out) {
+  const float inv_c = 1.0f / static_cast<float>(cols);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t c = 0; c < cols; c++) sum += xr[c];
+  const float mean = sum * inv_c;
+  float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+  for (int64_t c = 0; c < cols; c++) sq += (xr[c] - mean) * (xr[c] - mean);
+  *mean_out = mean;
+  *rstd_out = 1.0f / sqrtf(sq * inv_c + eps);
+}
+
 }  // namespace
 
 // y = gelu_tanh(x)
@@ -68,18 +82,11 @@ extern "C" int LayerNormFwd(int, void **params, int *ndims, int64_t **shapes, co
   float *y = static_cast<float *>(params[4]);
   const int64_t cols = shapes[0][ndims[0] - 1];
   const int64_t rows = numel(ndims[0], shapes[0]) / cols;
-  const float inv_c = 1.0f / static_cast<float>(cols);
   for (int64_t r = 0; r < rows; r++) {
     const float *xr = x + r * cols;
     float *yr = y + r * cols;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < cols; c++) sum += xr[c];
-    const float mean = sum * inv_c;
-    float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t c = 0; c < cols; c++) sq += (xr[c] - mean) * (xr[c] - mean);
-    const float rstd = 1.0f / sqrtf(sq * inv_c + eps);
+    float mean, rstd;
+    row_moments(xr, cols, eps, &mean, &rstd);
 #pragma omp simd
     for (int64_t c = 0; c < cols; c++) yr[c] = (xr[c] - mean) * rstd * w[c] + b[c];
   }
@@ -106,14 +113,8 @@ extern "C" int LayerNormBwd(int, void **params, int *ndims, int64_t **shapes, co
     const float *xr = x + r * cols;
     const float *dyr = dy + r * cols;
     float *dxr = dx + r * cols;
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int64_t c = 0; c < cols; c++) sum += xr[c];
-    const float mean = sum * inv_c;
-    float sq = 0.0f;
-#pragma omp simd reduction(+ : sq)
-    for (int64_t c = 0; c < cols; c++) sq += (xr[c] - mean) * (xr[c] - mean);
-    const float rstd = 1.0f / sqrtf(sq * inv_c + eps);
+    float mean, rstd;
+    row_moments(xr, cols, eps, &mean, &rstd);
     float g_mean = 0.0f, gx_mean = 0.0f;
 #pragma omp simd reduction(+ : g_mean, gx_mean)
     for (int64_t c = 0; c < cols; c++) {

@@ -1,0 +1,131 @@
+"""Shared pieces of `ms-llm diagnose`: the Finding record, the thresholds and the helpers the rules use.
+
+The thresholds are documented (with the reason for each value) in docs/debugging.md; they were set so
+that healthy runs produce no finding at all.
+"""
+import math
+import statistics
+from dataclasses import asdict, dataclass, field
+
+from ms_llm.errors import UserError
+
+MIN_RECORDS = 4          # loss-curve rules need at least this many log records
+EXPLODE_FACTOR = 10.0    # grad norm > 10x its early median = exploding
+DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN = 0.25, 0.15, 3  # above best + max(0.25, 15%) for 3 records
+UNIFORM_MARGIN = 1.05    # interval-mean loss above 1.05 x ln(vocab): worse than the uniform start
+STUCK_VAL, STUCK_TRAIN_DROP = 0.95, 0.2  # val never below 95% of ln(vocab) while train fell 20%: labels
+SMOOTH = 5               # divergence compares trailing medians of 5 records (noise-proof minimum)
+FLAT_MIN_STEPS, FLAT_REL_DROP, UNIFORM_FRAC = 100, 0.02, 0.95
+ZERO_LOSS, VAL_GAP_ABS, VAL_GAP_REL = 0.1, 1.0, 0.5
+SPIKE_WINDOW, SPIKE_MIN_WINDOW, SPIKE_Z, SPIKE_REL = 50, 8, 5.0, 0.10
+DATA_WAIT_FRAC = 0.10
+SLOW_FRAC, SLOW_SHARE, SLOW_MIN_RECORDS = 0.7, 0.2, 6
+LOW_MFU, LOW_MFU_MIN_HIDDEN = 0.10, 1024
+OVERFLOW_SHARE, OVERFLOW_MIN = 0.05, 10
+SCALE_DROPS_MIN, SCALE_DROPS_SHARE = 4, 0.25
+COMM_FRAC = 0.2
+MEMORY_FRAC = 0.9
+CLIP_SHARE, CLIP_RATIO = 0.9, 2.0
+CPU_RAM_SHARE = 0.9      # default memory limit of a CPU run: 0.9 x this machine's RAM
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+@dataclass
+class Finding:
+    id: str
+    severity: str  # error | warning | info (info never fails the exit code)
+    symptom: str
+    evidence: list
+    causes: list  # most likely first
+    actions: list
+    steps: list = field(default_factory=list)  # the steps the evidence cites
+
+    def to_dict(self):
+        return asdict(self)
+
+
+# --- helpers ---------------------------------------------------------------------------------------------
+
+def finite(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def nonfinite(v):
+    """NaN/Inf (read back from the "nan"/"inf" strings); a missing or null value is not a NaN."""
+    return isinstance(v, float) and not math.isfinite(v)
+
+
+def points(records, key):
+    return [(r["step"], r[key]) for r in records if finite(r.get(key))]
+
+
+def first_nonfinite_step(run):
+    return next((r["step"] for r in run.train if nonfinite(r.get("loss"))), None)
+
+
+def curve(run):
+    """Finite (step, loss) points before the first non-finite loss: what the shape rules look at."""
+    stop = first_nonfinite_step(run)
+    return [(s, v) for s, v in points(run.train, "loss") if stop is None or s < stop]
+
+
+def early_median(vals):
+    """Median of records 2-4: the first interval mixes in initialisation transients."""
+    return statistics.median(vals[1:4] if len(vals) > 2 else vals)
+
+
+def g(x):
+    return f"{x:.4g}" if isinstance(x, float) else str(x)
+
+
+def quoted(path):
+    """A path as it can be pasted into a shell command (actions quote the run directory)."""
+    return f"'{path}'" if any(c in path for c in " \t'\"$") else path
+
+
+def steps_text(steps, limit=10):
+    more = f" (+{len(steps) - limit} more)" if len(steps) > limit else ""
+    return ", ".join(str(s) for s in steps[:limit]) + more
+
+
+def lr_actions(run):
+    lr, warm, n = run.cfg("train.lr", 1e-3), run.cfg("train.warmup_steps", 0), run.max_steps or 0
+    return [f"--set train.lr={lr / 3:.2g} (a third of {g(lr)})",
+            f"--set train.warmup_steps={max(2 * warm, n // 10, 100)} (now {warm})"]
+
+
+def memory_limit_gib(text, run):
+    """--device-memory, else context.max_device_memory on an accelerator, else 0.9 x RAM on CPU, else None."""
+    if text:
+        return parse_size_gib(text, "--device-memory")
+    target = (run.info.get("device") or {}).get("target") or run.cfg("context.device_target")
+    if target != "CPU" and run.cfg("context.max_device_memory"):
+        return parse_size_gib(run.cfg("context.max_device_memory"), "context.max_device_memory")
+    if target == "CPU":
+        total = ram_gib()
+        return CPU_RAM_SHARE * total if total else None
+    return None
+
+
+def parse_size_gib(text, what):
+    """'64GB', '58G', '64GiB', '512MB', '1TB' or a bare number (GiB) → GiB (MindSpore's GB is 1024^3)."""
+    s = str(text).strip().upper().replace("IB", "B")
+    units = {"TB": 1024, "T": 1024, "GB": 1, "G": 1, "MB": 1 / 1024, "M": 1 / 1024}
+    unit = next((u for u in units if s.endswith(u)), "")
+    try:
+        value = float(s[: len(s) - len(unit)]) * units.get(unit, 1)
+    except ValueError:
+        value = -1
+    if value <= 0:
+        raise UserError(f"{what} = '{text}' is not a memory size. Write it like 64GB, 58GB or 512MB.")
+    return value
+
+
+def ram_gib():
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) / 1024 ** 2
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

@@ -1,0 +1,262 @@
+"""Rules 1-5 of `ms-llm diagnose`: what the loss curve says (non-finite values, divergence, no progress,
+suspicious labels, spikes)."""
+import math
+import statistics
+
+from ms_llm.debug.diagnose_common import (DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, EXPLODE_FACTOR,
+    FLAT_MIN_STEPS, FLAT_REL_DROP, Finding, MIN_RECORDS, OVERFLOW_SHARE, SMOOTH, SPIKE_MIN_WINDOW, SPIKE_REL,
+    SPIKE_WINDOW, SPIKE_Z, STUCK_TRAIN_DROP, STUCK_VAL, UNIFORM_FRAC, UNIFORM_MARGIN, VAL_GAP_ABS, VAL_GAP_REL,
+    ZERO_LOSS, curve, early_median, first_nonfinite_step, g, lr_actions, nonfinite, points, quoted, steps_text)
+
+# --- 1. NaN / Inf --------------------------------------------------------------------------------------
+
+def rule_nonfinite(run, found, _):
+    bad = [r for r in run.train if nonfinite(r.get("loss"))]
+    if not bad:
+        return rule_nonfinite_val(run)
+    s, rd = bad[0]["step"], quoted(run.path)
+    before = [r for r in run.train if r["step"] < s]
+    last = points(before, "loss")
+    ev = [f"loss = {bad[0]['loss']} at step {s}, the first non-finite of {len(bad)} log record(s)"
+          + (f"; the last finite loss was {g(last[-1][1])} at step {last[-1][0]}" if last else "")]
+    later = [st for st, _ in points([r for r in run.train if r["step"] > s], "loss")]
+    if later:
+        ev.append(f"the loss was finite again at step {later[0]}: the run went on (a dynamic loss scale skips the "
+                  f"updates of overflowing steps)")
+    gn = [v for _, v in points(before + bad[:1], "grad_norm")]
+    exploding = len(gn) >= 3 and gn[-1] > EXPLODE_FACTOR * early_median(gn)
+    if len(gn) >= 3:
+        ev.append(f"grad_norm before it: {g(early_median(gn))} early, {g(gn[-1])} last"
+                  + (f" ({gn[-1] / early_median(gn):.0f}x: exploding)" if exploding else " (not exploding)"))
+    skipped = sum(r.get("skipped_interval") or 0 for r in before + bad[:1])
+    overflowing = skipped >= 3 and skipped >= OVERFLOW_SHARE * s
+    ev.append(f"{skipped} of {s} steps up to {s} overflowed and were skipped by the loss scale")
+    fp16 = run.cfg("precision.compute_dtype") == "float16"
+    causes = []
+    if exploding:
+        causes.append(f"exploding gradients: the LR is too high or clipping too loose "
+                      f"(train.lr = {g(run.cfg('train.lr'))}, train.clip_grad = {run.cfg('train.clip_grad')})")
+    if fp16:
+        causes.append("float16 overflow: activations or gradients above 65504"
+                      + (" (overflows were frequent before the NaN)" if overflowing else ""))
+    if not fp16 and overflowing:
+        causes.append("non-finite gradients in float32/bfloat16 are not a range problem: a NaN source in the graph")
+    causes.append("a NaN/Inf source: bad input ids or a numerically unsafe op (log of 0, division by zero, "
+                  "a softmax row masked entirely)")
+    if not exploding:
+        causes.append(f"exploding gradients (LR too high: train.lr = {g(run.cfg('train.lr'))})")
+    actions = [f"ms-llm debug nan --run-dir {rd} (finds the first op and layer producing NaN/Inf)"]
+    if fp16:
+        actions.append("--set precision.compute_dtype=bfloat16 (float32's range at float16's cost)")
+    actions += lr_actions(run)[:1] + (["--set train.clip_grad=1.0"] if not run.cfg("train.clip_grad") else [])
+    actions.append(f"restart from the last checkpoint before step {s} (checkpoint.save_interval keeps them)")
+    return [Finding("loss_nonfinite", "error", f"loss became NaN/Inf at step {s}", ev, causes, actions, [s])]
+
+
+def rule_nonfinite_val(run):
+    bad = [r["step"] for r in run.evals if nonfinite(r.get("val_loss"))]
+    if not bad:
+        return None
+    return [Finding("loss_nonfinite", "error", f"validation loss NaN/Inf at step {bad[0]} while the training loss "
+                    f"is finite", [f"val_loss non-finite at steps {steps_text(bad)}"],
+                    ["evaluation overflows in float16 (no loss scale protects the forward pass)",
+                     "an empty or padded-only validation batch (division by zero tokens)",
+                     "validation ids outside the vocabulary (dataset built with another tokenizer)"],
+                    [f"ms-llm debug nan --run-dir {quoted(run.path)}",
+                     "check data.dataset_dir's manifest.json: vocab_size and tokenizer match the model"], bad[:1])]
+
+
+# --- 2. divergence -------------------------------------------------------------------------------------
+
+def smoothed(pts):
+    """Trailing median of SMOOTH records: the minimum of a noisy curve is itself noise, a median's is not."""
+    return [(s, statistics.median(v for _, v in pts[max(0, i - SMOOTH + 1):i + 1])) for i, (s, _) in enumerate(pts)]
+
+
+def rule_divergence(run, found, _):
+    raw = curve(run)
+    pts = smoothed(raw)
+    onset = best = None
+    for i in range(1, len(pts) - DIVERGE_SUSTAIN + 1):
+        best = pts[i - 1] if best is None or pts[i - 1][1] < best[1] else best  # running minimum
+        line = best[1] + max(DIVERGE_ABS, DIVERGE_REL * best[1])
+        if all(v > line for _, v in pts[i:i + DIVERGE_SUSTAIN]):
+            # the median lags the rise: report the first raw record above the line
+            onset = next((st for st, v in raw if st > best[0] and v > line), pts[i][0])
+            break
+    stop = first_nonfinite_step(run)
+    gn = [(s, v) for s, v in points(run.train, "grad_norm") if stop is None or s < stop]
+    vals = [v for _, v in gn]
+    blowup = len(gn) >= 6 and statistics.median(vals[-3:]) > EXPLODE_FACTOR * early_median(vals)
+    # A model initialised as GPT-2 is (init_std 0.02) predicts about uniformly: its loss starts at ln(vocab).
+    # An interval mean well above that means the updates made it worse than uniform: overshooting.
+    vocab = run.cfg("model.vocab_size")
+    uniform = math.log(vocab) if vocab else None
+    above = [(st, v) for st, v in raw if uniform and v > UNIFORM_MARGIN * uniform]
+    if onset is None and not blowup and not above:
+        return None
+    ev = []
+    if above:
+        ev.append(f"loss {g(above[0][1])} at step {above[0][0]} is above ln(vocab) = {g(uniform)}, the loss of a "
+                  f"uniform prediction the model starts from: the first updates made it worse")
+    if onset is not None:
+        peak = max((p for p in pts if p[0] >= onset), key=lambda p: p[1])
+        ev.append(f"loss (median of {SMOOTH} records) fell to {g(best[1])} at step {best[0]}, then stayed above "
+                  f"{g(best[1] + max(DIVERGE_ABS, DIVERGE_REL * best[1]))} from step {onset} on, up to {g(peak[1])} "
+                  f"at step {peak[0]}")
+    if vals:
+        top = max(gn, key=lambda p: p[1])
+        ev.append(f"grad_norm: median {g(early_median(vals))} early, {g(top[1])} at step {top[0]} "
+                  f"({top[1] / early_median(vals):.1f}x)")
+    ev.append(f"train.lr = {g(run.cfg('train.lr'))}, train.warmup_steps = {run.cfg('train.warmup_steps')}, "
+              f"train.clip_grad = {run.cfg('train.clip_grad')}")
+    clip = run.cfg("train.clip_grad", 0)
+    loose = not clip or clip > 1
+    causes = [f"learning rate (LR) too high for this model and batch (train.lr = {g(run.cfg('train.lr'))})",
+              f"LR warmup too short (train.warmup_steps = {run.cfg('train.warmup_steps')})"]
+    causes += [f"gradient clipping off or loose (train.clip_grad = {clip})"] if loose else []
+    causes += ["float16 range: growing activations overflow"] if run.cfg("precision.compute_dtype") == "float16" else []
+    causes.append("a run of bad batches around the onset (duplicated or corrupt documents)")
+    actions = lr_actions(run) + (["--set train.clip_grad=1.0"] if loose else []) + [
+        "--set train.beta2=0.95 (faster-adapting second moment, the usual LLM setting)",
+        "--set monitor.tensor_stats.every=50 (which layers' gradients grow)"]
+    if onset is not None:
+        return [Finding("divergence", "error", f"training diverges from step {onset}", ev, causes, actions, [onset])]
+    if above:
+        return [Finding("divergence", "error", f"loss rose above the uniform-prediction loss at step {above[0][0]} "
+                        f"(overshooting updates)", ev, causes, actions, [above[0][0]])]
+    top = max(gn, key=lambda p: p[1])
+    return [Finding("divergence", "error", f"gradient norm exploding: {top[1] / early_median(vals):.0f}x its early "
+                    f"value by step {top[0]}", ev, causes, actions, [top[0]])]
+
+
+# --- 3. loss not falling -------------------------------------------------------------------------------
+
+def rule_not_falling(run, found, _):
+    if "loss_nonfinite" in found or "divergence" in found:
+        return None  # those explain the curve better
+    pts = curve(run)
+    if len(pts) < MIN_RECORDS or pts[-1][0] < max(FLAT_MIN_STEPS, run.cfg("train.warmup_steps", 0)):
+        return None
+    first, late = pts[0][1], statistics.median(v for _, v in pts[-3:])
+    vocab = run.cfg("model.vocab_size")
+    uniform = math.log(vocab) if vocab and vocab > 1 else None
+    at_uniform = uniform is not None and late >= UNIFORM_FRAC * uniform
+    if not at_uniform and first - late >= FLAT_REL_DROP * first:
+        return None
+    ev = [f"loss {g(first)} at step {pts[0][0]}, {g(late)} (median of the last 3 records) at step {pts[-1][0]}: "
+          f"{100 * (first - late) / first:.1f}% lower"]
+    causes = []
+    if uniform is not None:
+        ev.append(f"ln(vocab_size = {vocab}) = {g(uniform)}: the loss of a uniform guess")
+    skipped = run.train[-1].get("skipped") or 0
+    if skipped >= 0.5 * pts[-1][0]:
+        ev.append(f"{skipped} of {pts[-1][0]} steps were skipped as overflows")
+        causes.append("most optimizer steps are skipped (loss-scale overflow): the weights barely change")
+    if at_uniform:
+        causes.append("nothing is learned: the model predicts uniformly (frozen/zero gradients, LR ≈ 0, "
+                      "or targets unrelated to the inputs)")
+    causes += [f"LR too low (train.lr = {g(run.cfg('train.lr'))}), or too high so the loss bounces on a plateau",
+               "a label bug: targets misaligned with inputs (not shifted by one, or shuffled separately)",
+               "a fine-tuned model already at its plateau (checkpoint.load_weights) — then this is expected"]
+    actions = ["ms-llm debug overfit (a correct model drives one batch's loss to ~0; if it cannot, the bug is in "
+               "the model, labels or optimizer, not the LR)",
+               f"--set train.lr={run.cfg('train.lr', 1e-3) * 3:.2g} (3x) and --set train.lr="
+               f"{run.cfg('train.lr', 1e-3) / 3:.2g} (1/3) for a few hundred steps each"]
+    return [Finding("loss_not_falling", "error", f"loss not falling after {pts[-1][0]} steps", ev, causes, actions,
+                    [pts[0][0], pts[-1][0]])]
+
+
+# --- 4. suspicious labels ------------------------------------------------------------------------------
+
+def rule_labels(run, found, _):
+    pts, evals = curve(run), points(run.evals, "val_loss")
+    zero = next(((s, v) for s, v in pts if v < ZERO_LOSS), None)
+    ev, causes, steps = [], [], []
+    if zero:
+        near_val = [v for s, v in evals if s >= zero[0]] or [v for _, v in evals[-1:]]
+        ev.append(f"training loss {g(zero[1])} at step {zero[0]} ({100 * zero[0] / (run.max_steps or zero[0]):.0f}% "
+                  f"into the run): natural text never gets this low"
+                  + (f"; val_loss {g(near_val[0])} after it" if near_val else "; no evaluation to compare"))
+        steps.append(zero[0])
+        if near_val and near_val[0] < 2 * ZERO_LOSS:
+            causes.append("the future is visible to the model: targets equal inputs (not shifted by one) or the "
+                          "causal mask is missing — train and val loss both collapse")
+        else:
+            causes.append("the training step's targets are not shifted (or shifted twice) while evaluation's are: "
+                          "the model learns to copy its input")
+    half = (run.max_steps or math.inf) / 2
+    first_eval = evals[0] if evals and evals[0][0] <= half else None
+    train_at = [v for s, v in pts if first_eval and s <= first_eval[0]]
+    if first_eval and train_at:
+        gap = first_eval[1] - train_at[-1]
+        if gap > max(VAL_GAP_ABS, VAL_GAP_REL * train_at[-1]):
+            ev.append(f"first evaluation at step {first_eval[0]}: val_loss {g(first_eval[1])} vs training loss "
+                      f"{g(train_at[-1])} (+{g(gap)}) — too early in the run for overfitting")
+            steps.append(first_eval[0])
+            if not zero:  # with a collapsed training loss the cause above already says this
+                causes.append("training and evaluation build targets differently (one shifts, the other does not, "
+                              "or shifts twice)")
+            causes.append("the validation split comes from another tokenizer or distribution (data.dataset_dir)")
+    vocab = run.cfg("model.vocab_size")
+    if len(evals) >= 2 and len(pts) >= MIN_RECORDS and vocab and not steps:
+        uniform, fell = math.log(vocab), (pts[0][1] - pts[-1][1]) / pts[0][1]
+        if min(v for _, v in evals) > STUCK_VAL * uniform and fell > STUCK_TRAIN_DROP:
+            ev.append(f"training loss fell {100 * fell:.0f}% ({g(pts[0][1])} → {g(pts[-1][1])}) while val_loss never "
+                      f"left the uniform-prediction level ln(vocab) = {g(uniform)} (best {g(min(v for _, v in evals))}):"
+                      f" what the step learns does not transfer to next-token prediction")
+            steps.append(evals[-1][0])
+            causes.append("the training step's targets are not the next tokens (not shifted, or shifted twice) while "
+                          "evaluation's are")
+            causes.append("the validation split comes from another tokenizer or distribution (data.dataset_dir)")
+    if not ev:
+        return None
+    causes.append("memorising a tiny dataset over many epochs (then val_loss rises while train falls)")
+    actions = ["ms-llm debug overfit (checks model + labels on one batch)",
+               "decode one training batch and check targets == inputs shifted by one token (ids[:, 1:] vs "
+               "ids[:, :-1]), in the training step and in evaluation",
+               "check data.dataset_dir/manifest.json: tokenizer and vocab_size match config.yaml"]
+    return [Finding("labels", "error", "suspicious labels: loss too low to be real or val far above train", ev,
+                    causes, actions, steps)]
+
+
+# --- 5. loss spikes ------------------------------------------------------------------------------------
+
+def noise_scale(values, centre):
+    """Standard deviation of `values` that ignores their 10% largest deviations (earlier spikes, the steep first
+    records): RMS of the closest 90%, divided by 0.789, its value for Gaussian noise of unit deviation."""
+    dev = sorted(abs(v - centre) for v in values)[:max(1, math.ceil(0.9 * len(values)))]
+    return math.sqrt(sum(d * d for d in dev) / len(dev)) / 0.789
+
+
+def rule_spikes(run, found, _):
+    pts = curve(run)
+    if "divergence" in found:
+        pts = [p for p in pts if p[0] < found["divergence"].steps[0]]
+    # z-score of the jump from the previous record against the previous jumps: the trend of a falling loss
+    # cancels out
+    jumps = [pts[i][1] - pts[i - 1][1] for i in range(1, len(pts))]
+    spikes = []
+    for i in range(SPIKE_MIN_WINDOW, len(jumps)):
+        window = jumps[max(0, i - SPIKE_WINDOW):i]
+        centre = statistics.median(window)
+        prev = pts[i][1]
+        scale = max(noise_scale(window, centre), 0.01 * prev)  # floor: a flat tail's tiny noise is no spike
+        z = (jumps[i] - centre) / scale
+        s, v = pts[i + 1]
+        if z > SPIKE_Z and v > (1 + SPIKE_REL) * prev:
+            spikes.append((s, v, prev, z))
+    if not spikes:
+        return None
+    ev = [f"step {s}: loss {g(v)}, up from {g(m)} at the record before (+{100 * (v - m) / m:.0f}%; z = {z:.1f} "
+          f"against up to {SPIKE_WINDOW} previous changes)" for s, v, m, z in spikes[:10]]
+    causes = ["bad batches at those steps (corrupt, duplicated or very long/repetitive documents)",
+              f"LR near the edge of stability (train.lr = {g(run.cfg('train.lr'))})",
+              f"Adam's second moment adapting too slowly (train.beta2 = {run.cfg('train.beta2')})"]
+    if run.cfg("precision.compute_dtype") == "float16":
+        causes.append("float16 precision loss in attention logits or norms")
+    actions = [f"inspect the batches of steps {steps_text([s for s, *_ in spikes])} (data position = step x "
+               f"global_batch_size samples)", "--set train.beta2=0.95", lr_actions(run)[0],
+               "--set train.clip_grad=1.0" if not run.cfg("train.clip_grad") else "--set monitor.tensor_stats.every=50"]
+    return [Finding("loss_spikes", "warning", f"{len(spikes)} loss spike(s) at steps "
+                    f"{steps_text([s for s, *_ in spikes])}", ev, causes, actions, [s for s, *_ in spikes])]

@@ -1,0 +1,21 @@
+"""Small file helpers shared by the data, checkpoint and run-directory code."""
+import hashlib
+import os
+
+
+def sha256_file(path):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def atomic_write_bytes(path, data):
+    """Write to a temporary name, fsync, rename: readers see the old file or the new one, never a part."""
+    tmp = os.path.join(os.path.dirname(path), f".tmp-{os.path.basename(path)}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
