@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from ms_llm.config import load_config, save_config
-from ms_llm.debug.diagnose import diagnose, parse_size_gib
+from ms_llm.debug.diagnose import diagnose
+from ms_llm.debug.diagnose_common import parse_size_gib
 from ms_llm.debug.diagnose_cli import main
 from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter

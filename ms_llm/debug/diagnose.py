@@ -5,7 +5,7 @@ thresholds are module constants, each documented (with the reason for its value)
 were set so that healthy runs — the quickstart's 2,000 steps, whose grad norm doubles and whose loss scale
 grows as it should, and fp16 runs with the usual occasional overflow — produce no finding at all.
 """
-from ms_llm.debug.diagnose_common import SEVERITY_ORDER, memory_limit_gib, parse_size_gib  # noqa: F401
+from ms_llm.debug.diagnose_common import SEVERITY_ORDER, memory_limit_gib
 from ms_llm.debug.diagnose_loss import rule_divergence, rule_labels, rule_nonfinite, rule_not_falling, rule_spikes
 from ms_llm.debug.diagnose_system import (rule_always_clipped, rule_comm, rule_data_wait, rule_events,
                                           rule_loss_scale, rule_low_mfu, rule_memory, rule_stats, rule_uneven)
