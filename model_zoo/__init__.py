@@ -1,5 +1,6 @@
 """Model families assembled from ms_llm.nn. `build_model(model_config)` is the one entry point."""
 import mindspore as ms
+import numpy as np
 
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
@@ -20,5 +21,5 @@ def count_params(model, exclude_positions=False):
     for name, p in model.parameters_and_names():
         if exclude_positions and name.endswith("positions"):
             continue
-        n += int(__import__("numpy").prod(p.shape))
+        n += int(np.prod(p.shape))
     return n
