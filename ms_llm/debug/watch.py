@@ -82,13 +82,13 @@ class TensorStats:
         params = session.model.trainable_params()
         if session.n_params <= self.UPDATE_RATIO_LIMIT:
             self.before = {p.name: p.asnumpy().copy() for p in params}
-        acts, grads, moments, loss = self.probe(ops.stack(batches))
-        self.pending = (acts.asnumpy(), grads.asnumpy(), moments.asnumpy(), float(loss.asnumpy()))
+        acts, grads, moments, _ = self.probe(ops.stack(batches))
+        self.pending = (acts.asnumpy(), grads.asnumpy(), moments.asnumpy())
 
-    def after_step(self, session, step, out, writer):
+    def after_step(self, session, step, out):
         from ms_llm.debug.stats_probe import STAT_NAMES
 
-        acts, grads, moments, _ = self.pending
+        acts, grads, moments = self.pending
         params = session.model.trainable_params()
         states = ["embedding"] + [f"layers.{i}" for i in range(len(session.model.layers))] + ["final_norm"]
         lines = [{"step": step + 1, "kind": "activation", "name": n, **dict(zip(STAT_NAMES, map(float, row)))}

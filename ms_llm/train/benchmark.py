@@ -35,7 +35,7 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
     if stats is not None:  # compile the probe outside the timed steps
         batches = s.next_batches()
         stats.before_step(s, 0, batches)
-        stats.after_step(s, 0, s.train_step(batches), None)
+        stats.after_step(s, 0, s.train_step(batches))
     times, waits, save_s = [], [], 0.0
     for i in range(steps):
         w0 = s.data.wait_s
@@ -47,7 +47,7 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
         out = s.train_step(batches)
         out[0].asnumpy()
         if probing:
-            stats.after_step(s, i, out, None)
+            stats.after_step(s, i, out)
         if saver is not None and (i + 1) % cfg.checkpoint.save_interval == 0:
             t1 = time.perf_counter()
             saver.save(i + 1, ckpt_state.capture(s), ckpt_state.describe(s, i + 1, {}))

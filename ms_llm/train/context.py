@@ -13,7 +13,6 @@ class Runtime:
     device_target: str
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
 
     @property
     def is_main(self):
@@ -48,16 +47,12 @@ def setup_context(ctx_cfg):
         ms.set_context(runtime_num_threads=ctx_cfg.num_threads)
     rt = Runtime(target)
     if launched_distributed():
-        from mindspore.communication import get_group_size, get_local_rank, get_rank, init
+        from mindspore.communication import get_group_size, get_rank, init
 
         init()
         if os.environ.get("MS_ROLE") == "MS_SCHED":  # the scheduler's work ends with the workers'
             raise SystemExit(0)
         rt.rank, rt.world_size = get_rank(), get_group_size()
-        try:
-            rt.local_rank = get_local_rank()
-        except Exception:  # not every backend reports it; only used for logging
-            rt.local_rank = rt.rank
     return rt
 
 

@@ -110,7 +110,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                 if nan_watch is not None:
                     nan_watch.after_step(s, step, out, batches, writer)
                 if probing:
-                    tensor_stats.after_step(s, step, out, writer)
+                    tensor_stats.after_step(s, step, out)
                 if t.anomaly is not None:
                     nonfinite_run = guard(s, out, done, nonfinite_run, run_dir, plan["ckpt_rank"], writer, log)
                 if profiler is not None:
