@@ -28,7 +28,7 @@ def cfg(*overrides, base=None):
         "layers.{i}.mlp.gate_up.matmul": ((8, 1), (1, 1)),
         "layers.{i}.mlp.down.matmul": ((8, 1), (1, 1)),
         "layers.{i}.attn_norm.op": ((8, 1), (1,)), "layers.{i}.mlp_norm.op": ((8, 1), (1,)),
-        "embedding_gather": ((1, 1), (8, 1)), "head_matmul": ((8, 1), (1, 1))}),
+        "embedding_gather": ((1, 1), (8, 1)), "head.matmul": ((8, 1), (1, 1))}),
     ("llama2_13b_16p.yaml", 16, 8, 2, {
         "layers.{i}.attention.qkv.matmul": ((8, 1), (2, 1)),         # column parallel: heads split
         "layers.{i}.attention.core.qk": ((8, 2, 1, 1), (8, 2, 1, 1)),
@@ -39,11 +39,11 @@ def cfg(*overrides, base=None):
         "layers.{i}.mlp.down.matmul": ((8, 2), (1, 2)),
         "layers.{i}.attn_norm.op": ((16, 1), (1,)),                 # sequence parallel: tokens over dp x mp
         "layers.{i}.mlp_norm.op": ((16, 1), (1,)),
-        "embedding_gather": ((1, 1), (8, 1)), "head_matmul": ((8, 1), (1, 1))}),
+        "embedding_gather": ((1, 1), (8, 1)), "head.matmul": ((8, 1), (1, 1))}),
     ("gpt2_124m_8p.yaml", 8, 8, 1, {
         "layers.{i}.attention.qkv.matmul": ((8, 1), (1, 1)), "layers.{i}.mlp.up.matmul": ((8, 1), (1, 1)),
         "layers.{i}.mlp.down.matmul": ((8, 1), (1, 1)), "layers.{i}.attn_norm.op": ((8, 1), (1,), (1,)),
-        "layers.{i}.attention.core.qk": ((8, 1, 1, 1), (8, 1, 1, 1)), "head_matmul": ((8, 1), (1, 1))}),
+        "layers.{i}.attention.core.qk": ((8, 1, 1, 1), (8, 1, 1, 1)), "head.matmul": ((8, 1), (1, 1))}),
 ])
 def test_config_layouts_assign_the_expected_strategy_to_every_primitive(name, devices, dp, mp, expected):
     plan = build_plan(cfg(base=name), devices)
@@ -136,6 +136,47 @@ def test_shard_model_applies_the_plan_by_name():
     assert tuple(prims["embedding_gather"].in_strategy) == ((1, 1), (2, 1))
     assert len(applied) == 7 * c.model.num_layers + 2  # norms are functional on CPU: nothing else to shard
     del ms
+
+
+def test_data_rank_gives_model_and_pipeline_peers_the_same_slice():
+    # 16 devices as dp 4 x mp 2 x pp 2: stage 0 is ranks 0-7, tensor-parallel pairs are neighbours
+    plan = build_plan(cfg("model.preset=tiny-llama", "model.vocab_size=64", "parallel_config.model_parallel=2",
+                          "parallel_config.pipeline_stage=2", "parallel_config.data_parallel=4",
+                          "parallel_config.micro_batch_num=2", "train.global_batch_size=16",
+                          "train.micro_batch_size=2"), 16)
+    ranks = [plan.data_rank(r) for r in range(16)]
+    assert ranks == [0, 0, 1, 1, 2, 2, 3, 3] * 2
+    assert [build_plan(cfg("train.global_batch_size=24"), 2).data_rank(r) for r in range(2)] == [0, 1]
+
+
+def test_pipeline_step_places_layers_head_and_loss_on_their_stages():
+    from mindspore.nn.utils import no_init_parameters
+
+    from model_zoo import build_model
+    from ms_llm.nn import device
+    from ms_llm.parallel.apply import assign_stages
+    from ms_llm.train.optimizer import AdamW
+    from ms_llm.train.step import PipelineTrainStep
+
+    c = cfg("model.preset=tiny-gpt2", "model.vocab_size=64", "model.num_layers=6", "parallel_config.pipeline_stage=3",
+            "parallel_config.data_parallel=2", "parallel_config.micro_batch_num=6", "train.global_batch_size=24",
+            "train.micro_batch_size=2")
+    plan = build_plan(c, 6)
+    device.configure("CPU", layer_reuse=False)
+    try:
+        with no_init_parameters():
+            model = build_model(c.model)
+    finally:
+        device.configure(None)
+    assert type(model.layers[0]).__name__ == "DecoderLayer"  # the pipeline reuses the micro-batch loss instead
+    step = PipelineTrainStep(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), c.precision, 1.0,
+                             plan.micro_batch_num, 10, np.ones(10, np.float32))
+    assign_stages(model, plan, loss=step.loss_cell)
+    assert step.pipeline.micro_size == 6
+    assert [layer.pipeline_stage for layer in model.layers] == [0, 0, 1, 1, 2, 2] == plan.stage_of_layer
+    assert model.pipeline_stage == 0
+    assert model.final_norm.pipeline_stage == model.head.pipeline_stage == step.loss_cell.pipeline_stage == 2
+    assert 2 in model.embedding._pipeline_stage_list  # the tied embedding also serves the head on the last stage
 
 
 RECOMPUTE_PROBE = r"""

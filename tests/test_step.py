@@ -8,21 +8,24 @@ import mindspore as ms
 from ms_llm.config import load_config
 from ms_llm.train.lr_schedule import lr_at, lr_table
 from ms_llm.train.optimizer import AdamW
-from ms_llm.train.step import TrainStep
+from ms_llm.train.step import PipelineTrainStep, TrainStep
 from model_zoo import build_model
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 VOCAB = 40
 
 
-def make_step(*overrides, accum=1, seed=0):
+def make_step(*overrides, accum=1, seed=0, pipeline_micro=0):
     cfg = load_config(None, ["model.preset=tiny-gpt2", f"model.vocab_size={VOCAB}", "model.seq_length=16",
                              "train.max_steps=100", "train.warmup_steps=0", "train.lr=1e-2", *overrides])
     ms.set_seed(seed)
     model = build_model(cfg.model, cfg.precision.compute_dtype)
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    step = TrainStep(model, opt, cfg.precision, t.clip_grad, accum, 1, t.max_steps, lr_table(t))
+    if pipeline_micro:
+        step = PipelineTrainStep(model, opt, cfg.precision, t.clip_grad, pipeline_micro, t.max_steps, lr_table(t))
+    else:
+        step = TrainStep(model, opt, cfg.precision, t.clip_grad, accum, 1, t.max_steps, lr_table(t))
     model.set_train(True)
     return model, step
 
@@ -87,6 +90,25 @@ def test_accumulation_2x6_equals_1x12():
             for a, b_ in zip(s1.optimizer.exp_avg, s2.optimizer.exp_avg):
                 np.testing.assert_allclose(a.asnumpy(), b_.asnumpy(), rtol=1e-4, atol=1e-8)
     # Adam turns float-rounding differences of near-zero gradients into sign flips of size ~lr (1e-2)
+    p1, p2 = params(m1), params(m2)
+    for k in p1:
+        np.testing.assert_allclose(p1[k], p2[k], rtol=0, atol=1e-4)
+
+
+def test_pipeline_step_on_one_device_equals_accumulation():
+    # The pipelined step minus MindSpore's stage split: its micro-batch slicing, loss normalisation and the
+    # loss scale fed as sens must give TrainStep's accumulated update (dynamic scale 2^16 on both).
+    m1, s1 = make_step("train.global_batch_size=12", "train.micro_batch_size=4", accum=3)
+    m2, s2 = make_step("train.global_batch_size=12", "train.micro_batch_size=4", pipeline_micro=3)
+    for s in range(3):
+        b = batch(12, s)
+        for i in range(2):
+            s1.accumulate(ms.Tensor(b[4 * i:4 * i + 4]))
+        l1, n1, c1, sc1 = s1(ms.Tensor(b[8:]))
+        l2, n2, c2, sc2 = s2(ms.Tensor(b))
+        assert float(l1.asnumpy()) == pytest.approx(float(l2.asnumpy()), rel=1e-5)
+        assert float(n1.asnumpy()) == pytest.approx(float(n2.asnumpy()), rel=1e-4)
+        assert int(c1.asnumpy()) == int(c2.asnumpy()) == 0 and float(sc1.asnumpy()) == float(sc2.asnumpy())
     p1, p2 = params(m1), params(m2)
     for k in p1:
         np.testing.assert_allclose(p1[k], p2[k], rtol=0, atol=1e-4)

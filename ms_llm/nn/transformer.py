@@ -38,8 +38,26 @@ class FrontReusedDecoderLayer(DecoderLayer):
 
 def decoder_layer(attn_norm, attention, mlp_norm, mlp):
     """The repeated decoder layer, with the cell reuse the target backend supports."""
-    cls = ReusedDecoderLayer if device.is_ascend() else FrontReusedDecoderLayer
+    if not device.layer_reuse():
+        cls = DecoderLayer
+    else:
+        cls = ReusedDecoderLayer if device.is_ascend() else FrontReusedDecoderLayer
     return cls(attn_norm, attention, mlp_norm, mlp)
+
+
+class LMHead(nn.Cell):
+    """(B, T, hidden) → (B, T, vocab) float32 logits against a weight it is handed: the token embedding when
+    tied. A Cell of its own so that pipeline parallelism can place it on the last stage."""
+
+    def __init__(self, hidden, vocab_size, compute_dtype):
+        super().__init__()
+        self.hidden, self.vocab_size, self.dtype = hidden, vocab_size, compute_dtype
+        self.matmul = ops.MatMul(transpose_b=True)
+
+    def construct(self, x, weight):
+        b, t, _ = x.shape
+        logits = self.matmul(x.reshape(b * t, self.hidden), weight.astype(self.dtype))
+        return logits.astype(ms.float32).reshape(b, t, self.vocab_size)
 
 
 class CausalLM(nn.Cell):
@@ -62,7 +80,7 @@ class CausalLM(nn.Cell):
         self.lm_head = None if tie_embeddings else normal((vocab_size, hidden), init_std, "lm_head")
         self.dtype = compute_dtype
         self.vocab_size, self.hidden = vocab_size, hidden
-        self.head_matmul = ops.MatMul(transpose_b=True)
+        self.head = LMHead(hidden, vocab_size, compute_dtype)
         self.embedding_gather = ops.Gather()
 
     def hidden_states(self, ids):
@@ -80,10 +98,7 @@ class CausalLM(nn.Cell):
 
     def logits(self, x):
         """(B, T, hidden) final-norm output → (B, T, vocab) float32 logits."""
-        b, t, _ = x.shape
-        head = self.embedding if self.tie else self.lm_head
-        logits = self.head_matmul(x.reshape(b * t, self.hidden), head.astype(self.dtype))
-        return logits.astype(ms.float32).reshape(b, t, self.vocab_size)
+        return self.head(x, self.embedding if self.tie else self.lm_head)
 
     def construct(self, ids):
         return self.logits(self.hidden_states(ids)[-1])

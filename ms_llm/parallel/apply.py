@@ -14,7 +14,9 @@ def configure_auto_parallel(plan, strategy_dir, rank):
     os.makedirs(strategy_dir, exist_ok=True)
     ms.set_auto_parallel_context(
         parallel_mode=ms.ParallelMode.SEMI_AUTO_PARALLEL, device_num=plan.devices,
-        dataset_strategy="data_parallel",  # each rank reads its own slice of the global batch
+        # the token ids are split over data-parallel ranks only: model-parallel and pipeline peers read the same
+        # slice (ParallelPlan.data_rank)
+        dataset_strategy=((plan.dp, 1),),
         pipeline_stages=plan.pp, enable_parallel_optimizer=plan.optimizer_shard,
         strategy_ckpt_config={"save_file": os.path.join(strategy_dir, f"strategy_rank_{rank}.ckpt"),
                               "only_trainable_params": False})
@@ -40,13 +42,20 @@ def shard_model(model, plan):
     return applied
 
 
-def assign_stages(model, plan):
-    """pipeline_stage per layer; embedding on the first stage, final norm and head on the last."""
+def assign_stages(model, plan, loss=None):
+    """pipeline_stage per layer; the embedding on the first stage (the model's own), the final norm, LM head
+    and `loss` cell on the last. A tied embedding is used on both ends, so its weight joins the last stage
+    too (MindSpore then keeps the two copies' gradients summed)."""
     if plan.pp == 1:
         return
+    model.pipeline_stage = 0
     for layer, stage in zip(model.layers, plan.stage_of_layer):
         layer.pipeline_stage = stage
-    model.final_norm.pipeline_stage = plan.pp - 1
+    last = plan.pp - 1
+    for cell in (model.final_norm, model.head, loss):
+        if cell is not None:
+            cell.pipeline_stage = last
+    (model.embedding if model.tie else model.lm_head).add_pipeline_stage(last)
 
 
 def apply_recompute(model, plan):

@@ -40,6 +40,12 @@ class ParallelPlan:
         """1F1B pipeline bubble: (pp - 1) / (micro-batches + pp - 1)."""
         return (self.pp - 1) / (self.micro_batch_num + self.pp - 1) if self.pp > 1 else 0.0
 
+    def data_rank(self, rank):
+        """Which data-parallel slice of the global batch `rank` reads. MindSpore numbers devices stage by
+        stage, and within a stage the model-parallel index varies fastest (tensor-parallel peers are
+        neighbours), so ranks that differ only in their stage or model-parallel position read the same slice."""
+        return (rank % (self.dp * self.mp)) // self.mp
+
     def layers_of_stage(self, stage):
         return [i for i, s in enumerate(self.stage_of_layer) if s == stage]
 
@@ -100,7 +106,7 @@ def decoder_strategies(arch, dp, mp, seq_parallel, vocab_emb_dp):
         "layers.{i}.attn_norm.op": ((tokens, 1), (1,), (1,)) if arch == "gpt2" else ((tokens, 1), (1,)),
         "layers.{i}.mlp_norm.op": ((tokens, 1), (1,), (1,)) if arch == "gpt2" else ((tokens, 1), (1,)),
         "embedding_gather": ((1, 1), (dp, 1)) if vocab_emb_dp else ((mp, 1), (dp, 1)),
-        "head_matmul": ((dp, 1), (1, 1)) if vocab_emb_dp else ((dp, 1), (mp, 1)),
+        "head.matmul": ((dp, 1), (1, 1)) if vocab_emb_dp else ((dp, 1), (mp, 1)),
     }
     out = {}
     if seq_parallel and mp > 1:  # row-parallel outputs are reduce-scattered along tokens instead of all-reduced

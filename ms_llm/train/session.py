@@ -87,7 +87,7 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     from ms_llm.nn import cpu_kernels, device
 
     t, m = cfg.train, cfg.model
-    device.configure(rt.device_target)
+    device.configure(rt.device_target, layer_reuse=plan.pp == 1)
     cpu_kernels.configure(rt.device_target == "CPU" and cfg.context.cpu_kernels)
     if rt.device_target == "CPU" and cfg.context.cpu_kernels and not cpu_kernels.active():
         log(f"note: fused CPU kernels unavailable ({cpu_kernels.build_error()}); using plain MindSpore ops")
@@ -100,10 +100,6 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     ms.set_seed(t.seed)
     np.random.seed(t.seed)
     semi_auto = plan.semi_auto
-    if plan.pp > 1:
-        raise UserError("parallel_config.pipeline_stage > 1: the plan, its validation and stage assignment are "
-                        "built (see `ms-llm plan`), but the pipelined training step is not wired in this version. "
-                        "Use data and model parallelism (pipeline_stage: 1) to train.")
     if semi_auto:
         from ms_llm.parallel.apply import configure_auto_parallel
 
@@ -111,15 +107,24 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     model = build_model(m, cfg.precision.compute_dtype)
     apply_plan(model, plan, semi_auto, log)
     optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    # under semi-auto parallel MindSpore inserts the data-parallel gradient reduction itself
-    step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, 1 if semi_auto else rt.world_size,
-                        t.max_steps, lr_table(t), t.anomaly)
+    micro_batch = t.micro_batch_size
+    if plan.pp > 1:  # one call per step: the pipeline takes all micro-batches at once and slices them itself
+        step_fn = pipeline_step(model, optimizer, cfg, plan)
+        micro_batch, accum = t.micro_batch_size * accum, 1
+    else:  # under semi-auto parallel MindSpore inserts the data-parallel gradient reduction itself
+        step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, 1 if semi_auto else rt.world_size,
+                            t.max_steps, lr_table(t), t.anomaly)
     model.set_train(True)
-    dp = cfg.parallel_config.data_parallel
-    data = TrainBatches(cfg.data.dataset_dir, manifest, "train", t.micro_batch_size, dp, rt.rank, t.seed,
+    dp, data_rank = plan.dp, plan.data_rank(rt.rank)
+    data = TrainBatches(cfg.data.dataset_dir, manifest, "train", micro_batch, dp, data_rank, t.seed,
                         m.seq_length, num_workers=cfg.data.num_workers)
-    val = eval_batches(cfg.data.dataset_dir, manifest, t.micro_batch_size, t.eval_steps, dp, rt.rank, m.seq_length,
-                       cfg.data.num_workers, accum)
+    val = []
+    if plan.pp == 1:
+        val = eval_batches(cfg.data.dataset_dir, manifest, t.micro_batch_size, t.eval_steps, dp, data_rank,
+                           m.seq_length, cfg.data.num_workers, accum)
+    elif t.eval_interval or t.eval_steps:
+        log("note: no validation during training under pipeline parallelism (a forward-only pipeline is a "
+            "different graph); evaluate the checkpoint with pipeline_stage: 1")
     n_params = count_params(model)
     s = Session(cfg, rt, log, manifest, plan, accum, model, step_fn, EvalStep(model), data, val, n_params,
                 flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length),
@@ -129,17 +134,35 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     if t.warmup_steps >= t.max_steps:
         log(f"note: train.warmup_steps = {t.warmup_steps} >= train.max_steps = {t.max_steps}: the learning rate "
             f"never reaches train.lr = {t.lr} in this run")
-    log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × accumulation {accum} × data-parallel {dp}; "
+    what = "pipeline micro-batches" if plan.pp > 1 else "accumulation"
+    log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × {what} {plan.accumulation} × data-parallel {dp}; "
         f"{s.tokens_per_step:,} tokens/step; device {rt.device_target}, {rt.world_size} rank(s)")
     return s
 
 
-def apply_plan(model, plan, semi_auto, log):
-    from ms_llm.parallel.apply import apply_recompute, assign_stages, shard_model
+def pipeline_step(model, optimizer, cfg, plan):
+    """The pipelined step: MindSpore's Pipeline wrapper and PipelineGradReducer (Ascend), the loss on the last
+    stage, the per-micro-batch loss compiled once (lazy_inline) where the backend supports it."""
+    from mindspore.parallel.nn import PipelineGradReducer
 
-    if semi_auto:
+    from ms_llm.nn import device
+    from ms_llm.parallel.apply import assign_stages
+    from ms_llm.train.lr_schedule import lr_table
+    from ms_llm.train.step import PipelineTrainStep
+
+    t = cfg.train
+    reducer = PipelineGradReducer(optimizer.parameters, opt_shard=plan.optimizer_shard)
+    step = PipelineTrainStep(model, optimizer, cfg.precision, t.clip_grad, plan.micro_batch_num, t.max_steps,
+                             lr_table(t), t.anomaly, reducer=reducer, reuse=device.is_ascend())
+    assign_stages(model, plan, loss=step.loss_cell)
+    return step
+
+
+def apply_plan(model, plan, semi_auto, log):
+    from ms_llm.parallel.apply import apply_recompute, shard_model
+
+    if semi_auto:  # pipeline stages are assigned with the pipelined step, which owns the loss cell
         applied = shard_model(model, plan)
-        assign_stages(model, plan)
         log(f"parallel: {len(applied)} primitives sharded; " + plan.table().splitlines()[0])
     apply_recompute(model, plan)
     for w in plan.warnings:

@@ -112,9 +112,9 @@ class TrainStep(nn.Cell):
         self.all_reduce = ops.AllReduce() if dp > 1 else None
         self.sum_squares = cpu_kernels.op("sum_squares") if cpu_kernels.active() else None
 
-    def construct(self, ids):
+    def gradients(self, ids, scale):
+        """(mean loss of the step, gradients of loss * scale summed over its micro-batches and ranks)."""
         st = self.state
-        scale = st.loss_scale.value()
         (_, loss), grads = self.grad_fn(ids, scale)
         if self.accum > 1:
             grads = self.hyper_map(ops.add, grads, st.grad_buffers)
@@ -124,6 +124,12 @@ class TrainStep(nn.Cell):
         if self.dp > 1:
             grads = self.hyper_map(self.all_reduce, grads)
             loss = self.all_reduce(loss) / self.dp
+        return loss, grads
+
+    def construct(self, ids):
+        st = self.state
+        scale = st.loss_scale.value()
+        loss, grads = self.gradients(ids, scale)
         # Gradients are still multiplied by scale * dp here. One norm serves three purposes: it is finite
         # exactly when every gradient is (an inf or NaN anywhere makes the sum of squares inf or NaN), it is
         # the reported grad norm once divided by scale * dp, and it sets the clip factor. Unscaling and
@@ -173,3 +179,64 @@ class TrainStep(nn.Cell):
         ops.assign(st.watch_count, st.watch_count + ops.select(accept, ops.ones((), ms.int32),
                                                                ops.zeros((), ms.int32)))
         return spike
+
+
+class TokenLoss(nn.Cell):
+    """cross_entropy as a Cell, so that pipeline parallelism can place it on the last stage."""
+
+    def construct(self, logits, targets):
+        return cross_entropy(logits, targets)
+
+
+class MicroBatchLoss(nn.Cell):
+    """ids (B, T+1) → loss / micro_batch_num: the pipeline wrapper sums these over the micro-batches of a step."""
+
+    def __init__(self, model, micro_batch_num):
+        super().__init__(auto_prefix=False)
+        self.model = model
+        self.loss = TokenLoss()
+        self.micro_batch_num = micro_batch_num
+
+    def construct(self, ids):
+        return self.loss(self.model(ids[:, :-1]), ids[:, 1:]) / self.micro_batch_num
+
+
+class ReusedMicroBatchLoss(MicroBatchLoss):
+    """Compiled once for all micro-batches of the pipeline (MindSpore deprecates pipelines without it)."""
+
+    @ms.lazy_inline
+    def __init__(self, model, micro_batch_num):
+        super().__init__(model, micro_batch_num)
+
+
+class PipelineTrainStep(TrainStep):
+    """Pipeline parallelism: one call takes all `micro_batch_num` micro-batches of the step on this data-parallel
+    rank, concatenated. MindSpore's `Pipeline` wrapper slices them and schedules the stages (1F1B); the pipeline
+    accumulates each stage's gradients, and `reducer` (PipelineGradReducer) hands them over and clears them.
+    The loss scale enters as the backward's initial gradient (sens), since every input of the wrapper is sliced.
+    Unscaling, the overflow check, clipping, the anomaly guard and the update are TrainStep's.
+
+    With `reducer=None` (a single device) the same graph is plain gradient accumulation inside one call, which
+    is how the CPU tests check it against TrainStep."""
+
+    def __init__(self, model, optimizer, precision, clip_grad, micro_batch_num, max_steps=1, lr_table=None,
+                 anomaly=None, reducer=None, reuse=False):
+        from mindspore.parallel.nn import Pipeline
+
+        super().__init__(model, optimizer, precision, clip_grad, 1, 1, max_steps, lr_table, anomaly)
+        loss_cls = ReusedMicroBatchLoss if reuse else MicroBatchLoss
+        self.pipeline = Pipeline(loss_cls(model, micro_batch_num), micro_batch_num)
+        self.grad_op = ops.GradOperation(get_by_list=True, sens_param=True)
+        self.reducer = reducer
+        self.has_reducer = reducer is not None
+
+    @property
+    def loss_cell(self):
+        return self.pipeline.network.loss
+
+    def gradients(self, ids, scale):
+        loss = self.pipeline(ids)
+        grads = self.grad_op(self.pipeline, self.weights)(ids, ops.ones_like(loss) * scale)
+        if self.has_reducer:
+            grads = self.reducer(grads)
+        return loss, grads

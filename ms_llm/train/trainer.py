@@ -363,10 +363,11 @@ def interval_record(pending, step, lr):
 
 
 def run_eval(s, step, writer):
+    if not s.val:  # no validation batches (pipeline parallelism)
+        return None
     val_loss = evaluate(s.model, s.eval_step, s.val, s.rt)
     writer.write({"step": step, "val_loss": val_loss,
-                  "val_tokens": len(s.val) * int(s.val[0].shape[0]) * s.cfg.model.seq_length * s.rt.world_size
-                  if s.val else 0})
+                  "val_tokens": len(s.val) * int(s.val[0].shape[0]) * s.cfg.model.seq_length * s.rt.world_size})
     return val_loss
 
 
