@@ -14,7 +14,8 @@ import numpy as np
 from ms_llm.config import to_dict
 from ms_llm.errors import UserError
 
-TRANSIENT = ("grad_accum.", "accum_loss")  # zero at every step boundary: not state
+# zero at every step boundary, or constant: not state ("accu_grads."/"scale_sense": the pipeline's gradient reducer)
+TRANSIENT = ("grad_accum.", "accum_loss", "accu_grads.", "scale_sense")
 OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.")
 OPTIMIZER_NAMES = ("adam_step",)
 # config keys that must match between a checkpoint and the run resuming it
