@@ -57,6 +57,9 @@ def test_bad_config_inputs_exit_2_without_traceback(dataset, tmp_path):
     assert_clean_refusal(ms_llm(*tiny_train_args(dataset, tmp_path / "r2", "--set", "model.num_layers=two")),
                          "model.num_layers", "expected int")
     assert_clean_refusal(ms_llm("train", "--config"), "expected one argument")
+    # an Ascend config on a host whose MindSpore has only the CPU backend (this machine)
+    assert_clean_refusal(ms_llm("train", "--config", os.path.join(ROOT, "configs", "llama2_7b_8p.yaml"), "--dry-run"),
+                         "context.device_target = Ascend", "--set context.device_target=auto")
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
 
 

@@ -42,7 +42,20 @@ def setup_context(ctx_cfg):
         kwargs["max_device_memory"] = ctx_cfg.max_device_memory
     if ctx_cfg.jit_level:
         kwargs["jit_config"] = {"jit_level": ctx_cfg.jit_level}
-    ms.set_context(**kwargs)
+    try:
+        ms.set_context(**kwargs)
+    except RuntimeError as e:
+        if "Unsupported device target" not in str(e):
+            raise
+        from ms_llm.errors import UserError
+
+        import re
+
+        found = re.search(r"one of the \[(.*?)\]", str(e))
+        here = found.group(1).replace("'", "") if found else "another device"
+        raise UserError(f"context.device_target = {target}, but this MindSpore package and host support only {here}. "
+                        f"Launch on {target} hardware with MindSpore's {target} package (and its driver/toolkit), or "
+                        f"try the config here with --set context.device_target=auto.") from None
     if ctx_cfg.num_threads:
         ms.set_context(runtime_num_threads=ctx_cfg.num_threads)
     rt = Runtime(target)
