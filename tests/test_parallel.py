@@ -149,34 +149,43 @@ def test_data_rank_gives_model_and_pipeline_peers_the_same_slice():
     assert [build_plan(cfg("train.global_batch_size=24"), 2).data_rank(r) for r in range(2)] == [0, 1]
 
 
-def test_pipeline_step_places_layers_head_and_loss_on_their_stages():
+def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
     from mindspore.nn.utils import no_init_parameters
 
     from model_zoo import build_model
     from ms_llm.nn import device
-    from ms_llm.parallel.apply import assign_stages
     from ms_llm.train.optimizer import AdamW
-    from ms_llm.train.step import PipelineTrainStep
+    from ms_llm.train.session import pipeline_step
 
     c = cfg("model.preset=tiny-gpt2", "model.vocab_size=64", "model.num_layers=6", "parallel_config.pipeline_stage=3",
             "parallel_config.data_parallel=2", "parallel_config.micro_batch_num=6", "train.global_batch_size=24",
             "train.micro_batch_size=2")
     plan = build_plan(c, 6)
-    device.configure("CPU", layer_reuse=False)
+    device.configure("Ascend", layer_reuse=False)  # built as on Ascend (nothing is compiled or run here)
     try:
         with no_init_parameters():
             model = build_model(c.model)
+        step = pipeline_step(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), c, plan)
     finally:
         device.configure(None)
-    assert type(model.layers[0]).__name__ == "DecoderLayer"  # the pipeline reuses the micro-batch loss instead
-    step = PipelineTrainStep(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), c.precision, 1.0,
-                             plan.micro_batch_num, 10, np.ones(10, np.float32))
-    assign_stages(model, plan, loss=step.loss_cell)
-    assert step.pipeline.micro_size == 6
+    assert type(model.layers[0]).__name__ == "DecoderLayer"  # not reused per layer: the micro-batch loss is,
+    assert type(step.pipeline.network).__name__ == "ReusedMicroBatchLoss"  # once for all micro-batches
+    assert step.pipeline.micro_size == 6 and step.has_reducer  # PipelineGradReducer over the optimizer's weights
+    assert len(step.reducer.accu_grads) == len(model.trainable_params())
     assert [layer.pipeline_stage for layer in model.layers] == [0, 0, 1, 1, 2, 2] == plan.stage_of_layer
     assert model.pipeline_stage == 0
     assert model.final_norm.pipeline_stage == model.head.pipeline_stage == step.loss_cell.pipeline_stage == 2
     assert 2 in model.embedding._pipeline_stage_list  # the tied embedding also serves the head on the last stage
+
+    import mindspore as ms
+    from ms_llm.parallel.apply import configure_auto_parallel
+
+    try:  # MindSpore takes the context on CPU; it only refuses when a sharded graph compiles
+        configure_auto_parallel(plan, str(tmp_path / "strategy"), 0)
+        assert ms.get_auto_parallel_context("pipeline_stages") == 3
+        assert [list(s) for s in ms.get_auto_parallel_context("dataset_strategy")] == [[2, 1]]  # ids split by dp only
+    finally:
+        ms.reset_auto_parallel_context()
 
 
 RECOMPUTE_PROBE = r"""

@@ -151,7 +151,7 @@ def pipeline_step(model, optimizer, cfg, plan):
     from ms_llm.train.step import PipelineTrainStep
 
     t = cfg.train
-    reducer = PipelineGradReducer(optimizer.parameters, opt_shard=plan.optimizer_shard)
+    reducer = PipelineGradReducer(optimizer.params, opt_shard=plan.optimizer_shard)
     step = PipelineTrainStep(model, optimizer, cfg.precision, t.clip_grad, plan.micro_batch_num, t.max_steps,
                              lr_table(t), t.anomaly, reducer=reducer, reuse=device.is_ascend())
     assign_stages(model, plan, loss=step.loss_cell)
