@@ -1,8 +1,11 @@
 """MindSpore context and process-group set-up: device, graph mode, threads, ranks under msrun."""
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
+
+from ms_llm.errors import UserError
 
 # Environment variables msrun (MS_*) or a rank-table launch (RANK_*) set for each worker.
 LAUNCHER_VARS = ("MS_WORKER_NUM", "MS_ROLE", "RANK_TABLE_FILE")
@@ -47,10 +50,6 @@ def setup_context(ctx_cfg):
     except RuntimeError as e:
         if "Unsupported device target" not in str(e):
             raise
-        from ms_llm.errors import UserError
-
-        import re
-
         found = re.search(r"one of the \[(.*?)\]", str(e))
         here = found.group(1).replace("'", "") if found else "another device"
         raise UserError(f"context.device_target = {target}, but this MindSpore package and host support only {here}. "
