@@ -101,7 +101,7 @@ class TrainStep(nn.Cell):
             self.ema = 2.0 / (anomaly.window + 1)
         self.optimizer = optimizer
         self.weights = optimizer.params
-        self.grad_fn = ms.value_and_grad(LossFn(model, accum), None, self.weights, has_aux=True)
+        self.grad_fn = self.loss_and_grad(model, accum)
         self.state = StepState(self.weights, precision, accum, max_steps, lr_table)
         self.accumulate = AccumulateStep(self.grad_fn, self.state) if accum > 1 else None
         self.accum, self.dp, self.clip = accum, dp, clip_grad
@@ -111,6 +111,9 @@ class TrainStep(nn.Cell):
         self.hyper_map = ops.HyperMap()
         self.all_reduce = ops.AllReduce() if dp > 1 else None
         self.sum_squares = cpu_kernels.op("sum_squares") if cpu_kernels.active() else None
+
+    def loss_and_grad(self, model, accum):
+        return ms.value_and_grad(LossFn(model, accum), None, self.weights, has_aux=True)
 
     def gradients(self, ids, scale):
         """(mean loss of the step, gradients of loss * scale summed over its micro-batches and ranks)."""
@@ -229,6 +232,9 @@ class PipelineTrainStep(TrainStep):
         self.grad_op = ops.GradOperation(get_by_list=True, sens_param=True)
         self.reducer = reducer
         self.has_reducer = reducer is not None
+
+    def loss_and_grad(self, model, accum):
+        return None  # the pipeline wrapper is differentiated instead (gradients)
 
     @property
     def loss_cell(self):
