@@ -77,9 +77,12 @@ class StepState(nn.Cell):
 class AccumulateStep(nn.Cell):
     """A micro-batch that is not the last of its step: add its gradients to the buffers."""
 
-    def __init__(self, grad_fn, state):
+    def __init__(self, loss_fn, weights, state):
         super().__init__(auto_prefix=False)
-        self.grad_fn, self.state = grad_fn, state
+        # The loss cell is an attribute, not only captured by grad_fn: a graph loaded from the compile cache is
+        # bound to the parameters its Cell owns, and any other parameter it reads becomes a private zero copy.
+        self.loss_fn, self.state = loss_fn, state
+        self.grad_fn = ms.value_and_grad(loss_fn, None, weights, has_aux=True)
         self.hyper_map = ops.HyperMap()
 
     def construct(self, ids):
@@ -101,9 +104,10 @@ class TrainStep(nn.Cell):
             self.ema = 2.0 / (anomaly.window + 1)
         self.optimizer = optimizer
         self.weights = optimizer.params
-        self.grad_fn = self.loss_and_grad(model, accum)
+        self.loss_fn = LossFn(model, accum)
+        self.grad_fn = self.loss_and_grad()
         self.state = StepState(self.weights, precision, accum, max_steps, lr_table)
-        self.accumulate = AccumulateStep(self.grad_fn, self.state) if accum > 1 else None
+        self.accumulate = AccumulateStep(self.loss_fn, self.weights, self.state) if accum > 1 else None
         self.accum, self.dp, self.clip = accum, dp, clip_grad
         self.dynamic = precision.loss_scale == "dynamic"
         self.scale_window, self.scale_factor = precision.scale_window, precision.scale_factor
@@ -112,8 +116,8 @@ class TrainStep(nn.Cell):
         self.all_reduce = ops.AllReduce() if dp > 1 else None
         self.sum_squares = cpu_kernels.op("sum_squares") if cpu_kernels.active() else None
 
-    def loss_and_grad(self, model, accum):
-        return ms.value_and_grad(LossFn(model, accum), None, self.weights, has_aux=True)
+    def loss_and_grad(self):
+        return ms.value_and_grad(self.loss_fn, None, self.weights, has_aux=True)
 
     def gradients(self, ids, scale):
         """(mean loss of the step, gradients of loss * scale summed over its micro-batches and ranks)."""
@@ -233,7 +237,7 @@ class PipelineTrainStep(TrainStep):
         self.reducer = reducer
         self.has_reducer = reducer is not None
 
-    def loss_and_grad(self, model, accum):
+    def loss_and_grad(self):
         return None  # the pipeline wrapper is differentiated instead (gradients)
 
     @property
