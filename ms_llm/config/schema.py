@@ -48,6 +48,9 @@ class DataConfig:
     val_fraction: float = opt(0.1, "share of the corpus (by tokens, taken from its end) kept for validation")
     text_field: str = opt("text", "JSONL key holding the document text")
     num_workers: int = opt(1, "dataset reader threads")
+    blend: Optional[List[List[Union[float, str]]]] = opt(
+        None, "mix preprocessed datasets by weight, e.g. [[0.7, data/web], [0.3, data/code]] (null: dataset_dir "
+              "alone); the mixture follows train.seed and resumes exactly")
 
 
 @dataclass
