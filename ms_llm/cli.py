@@ -91,7 +91,7 @@ def cmd_benchmark(args):
 
 
 def cmd_convert(args):
-    from ms_llm.checkpoint import convert_hf
+    from ms_llm.interop import convert_hf
 
     modes = [m for m in ("from_hf", "to_hf", "split", "merge") if getattr(args, m)]
     if len(modes) != 1:
