@@ -1,0 +1,174 @@
+"""`write_report(run_dirs, output)`: one self-contained HTML page for one or several runs (the trainer calls it
+at every evaluation; `ms-llm report` calls it from the command line)."""
+import os
+
+from ms_llm.debug.runs import ENV_KEYS, changed, flatten, summarize
+from ms_llm.errors import UserError
+from ms_llm.fileio import atomic_write_bytes
+from ms_llm.report import page
+from ms_llm.report.data import load_runs
+from ms_llm.report.figures import EVENT_COLORS, WINDOW_EVENTS, event_detail
+
+MAX_EVENT_ROWS = 300
+
+
+def default_output(run_dirs):
+    return os.path.join(run_dirs[0], "report.html") if len(run_dirs) == 1 else "report.html"
+
+
+def write_report(run_dirs, output=None, align="step", title=None, diagnose=True):
+    """Write the report of `run_dirs` (a path or a list of paths) to `output` (default: RUN/report.html for
+    one run, ./report.html for several). Returns the path written. Bad input is a UserError.
+
+    The file is replaced atomically, so a copy taken while the trainer refreshes it (OBS sync) is never half
+    written. `diagnose=False` leaves out `ms-llm diagnose`'s findings (the costliest part on long runs).
+    """
+    if isinstance(run_dirs, (str, os.PathLike)):
+        run_dirs = [run_dirs]
+    run_dirs = [os.fspath(p) for p in run_dirs]
+    runs = load_runs(run_dirs, align)
+    output = os.fspath(output) if output else default_output(run_dirs)
+    folder = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(folder):
+        raise UserError(f"--output {output}: folder '{folder}' does not exist. Create it or choose another path.")
+    text = render(runs, align, title, diagnose)
+    atomic_write_bytes(output, text.encode("utf-8"))
+    return output
+
+
+def render(runs, align, title, diagnose=True):
+    from bokeh.document import Document
+    from bokeh.embed import components
+    from bokeh.resources import Resources
+
+    from ms_llm.report.figures import Builder
+
+    builder = Builder(runs, align)
+    panels = builder.build()
+    doc = Document()
+    with doc.models.freeze():  # one model-graph walk for all panels instead of one per panel
+        for _, _, _, fig in panels:
+            doc.add_root(fig)
+    script, divs = components({pid: fig for _, pid, _, fig in panels}) if panels else ("", {})
+    grids = {}
+    for section, pid, ttl, _ in panels:
+        grids.setdefault(section, []).append(page.panel_html(pid, ttl, divs[pid], wide=section == "heatmap"))
+    notes = "".join(f'<p class="note">{page.esc(n)}</p>' for n in builder.notes)
+    names = ", ".join(r.name for r in runs)
+    sections = {
+        "summary": summary_section(runs),
+        "differences": differences_section(runs) if len(runs) > 1 else None,
+        "curves": f'<div class="grid">{"".join(grids.get("curves", []))}</div>{notes}',
+        "events": events_section(runs),
+        "telemetry": f'<div class="grid">{"".join(grids["telemetry"])}</div>' if grids.get("telemetry") else None,
+        "heatmap": f'<div class="grid">{"".join(grids["heatmap"])}</div>' if grids.get("heatmap") else None,
+        "diagnosis": diagnosis_section(runs) if diagnose else None,
+        "profile": profile_section(runs),
+        "config": config_section(runs),
+    }
+    subtitle = f"{len(runs)} run(s), x axis: {align}" + (" (step × global batch × sequence length)"
+                                                         if align == "tokens" else "")
+    js = Resources(mode="inline", components=["bokeh"]).render_js()
+    return page.document(title or f"ms_llm report: {names}", subtitle, sections, js, script)
+
+
+def summary_section(runs):
+    rows = []
+    for rd in runs:
+        s = summarize(rd.run)
+        tok = s["tokens_per_s"]
+        rows.append([rd.name, s["status"], f"{s['steps']}/{s['max_steps'] or '?'}", s["best_val_loss"],
+                     s["final_val_loss"], f"{tok:,.0f}" if tok else None, s["start_time"],
+                     rd.run.cfg("precision.compute_dtype"), os.path.abspath(rd.path)])
+    bad = [f"{rd.name}: {rd.run.bad_lines} unreadable line(s) skipped" for rd in runs if rd.run.bad_lines]
+    return (page.table(["run", "status", "steps", "best val loss", "final val loss", "tokens/s (median)", "started",
+                        "compute dtype", "path"], rows, numeric=(3, 4, 5))
+            + "".join(f'<p class="note">{page.esc(b)}</p>' for b in bad))
+
+
+def differences_section(runs):
+    """Config and environment keys whose values differ between the runs (one column per run)."""
+    out = []
+    for what, get in (("config", lambda rd: flatten(rd.run.config)),
+                      ("environment", lambda rd: flatten({k: rd.run.info.get(k) for k in ENV_KEYS
+                                                          if k in rd.run.info}))):
+        flat = [get(rd) for rd in runs]
+        keys = sorted({k for f in flat[1:] for k, _, _ in changed(flat[0], f)})
+        keys = [k for k in keys if not k.endswith("strategy_dir")]  # per-run path by construction
+        if keys:
+            out.append(f"<h3>{what}: {len(keys)} key(s) differ</h3>"
+                       + page.table(["key"] + [rd.name for rd in runs],
+                                    [[k] + [f.get(k, "(absent)") for f in flat] for k in keys]))
+        else:
+            out.append(f'<p class="note">{what}: no differences</p>')
+    return "".join(out)
+
+
+def events_section(runs):
+    rows = []
+    for rd in runs:
+        rows += [[rd.name, e["step"], e.get("event"), event_detail(e)] for e in rd.events()]
+    if not rows:
+        return ('<p class="note">no events (resume, preemption, NaN, rollback, checkpoint, anomaly skip) recorded; '
+                'runs made before events were logged have none.</p>')
+    legend = " ".join(f'<span style="color:{c}">━ {page.esc(k)}</span>' for k, c in EVENT_COLORS.items())
+    more = (f'<p class="note">{len(rows) - MAX_EVENT_ROWS} more not listed</p>' if len(rows) > MAX_EVENT_ROWS else "")
+    return (f'<p class="note">on the curves: {legend}; the profiled window ({", ".join(WINDOW_EVENTS)}) is shaded '
+            f'on the speed panels.</p>' + page.table(["run", "step", "event", "details"], rows[:MAX_EVENT_ROWS],
+                                                    numeric=(1,)) + more)
+
+
+def diagnosis_section(runs):
+    from ms_llm.debug.diagnose import diagnose
+
+    out = []
+    for rd in runs:
+        try:
+            _, findings = diagnose(rd.path, None)
+        except UserError as e:
+            out.append(f"<h3>{page.esc(rd.name)}</h3><p class=note>not diagnosed: {page.esc(e)}</p>")
+            continue
+        except Exception as e:  # noqa: BLE001 (a failing rule must not cost the user the rest of the report)
+            out.append(f"<h3>{page.esc(rd.name)}</h3><p class=note>diagnose failed ({page.esc(type(e).__name__)}: "
+                       f"{page.esc(e)}); run 'ms-llm diagnose {page.esc(rd.path)}' for details.</p>")
+            continue
+        out.append(f"<h3>{page.esc(rd.name)}: {len(findings) or 'no'} finding(s)</h3>")
+        for f in findings:
+            items = lambda xs: "".join(f"<li>{page.esc(x)}</li>" for x in xs)  # noqa: E731
+            out.append(f'<details open><summary><span class="sev-{page.esc(f.severity)}">[{page.esc(f.severity)}]'
+                       f'</span> {page.esc(f.symptom)}</summary><div class="note">evidence:<ul>{items(f.evidence)}'
+                       f'</ul>likely causes:<ol>{items(f.causes)}</ol>actions:<ul>{items(f.actions)}</ul></div>'
+                       f'</details>')
+    return "".join(out)
+
+
+def profile_section(runs):
+    out = []
+    for rd in runs:
+        ops = rd.run.final.get("profile_top_ops") or []
+        if not ops:
+            continue
+        rows = [[i, o.get("op"), o.get("ms_per_step"), o.get("calls_per_step"),
+                 f"{100 * o['share']:.1f}%" if isinstance(o.get("share"), (int, float)) else None]
+                for i, o in enumerate(ops[:10], 1)]
+        window = rd.profile_window()
+        out.append(f"<h3>{page.esc(rd.name)}" + (f": steps {window[0]}-{window[1]}" if window else "") + "</h3>"
+                   + page.table(["#", "operator", "ms/step", "calls/step", "share"], rows, numeric=(0, 2, 3, 4)))
+    return "".join(out) or ('<p class="note">not profiled (set monitor.profile.start_step / stop_step to record '
+                            'a window and list its top operators here).</p>')
+
+
+def config_section(runs):
+    out = []
+    for i, rd in enumerate(runs):
+        env = {k: v for k, v in rd.run.info.items() if k not in ("final", "run_dir")}
+        final = rd.run.final
+        rows_env = sorted(flatten(env).items()) + [(f"final.{k}", v) for k, v in sorted(flatten(final).items())
+                                                   if k != "profile_top_ops"]
+        note = f'<p class="note">config note: {page.esc(rd.run.config_note)}</p>' if rd.run.config_note else ""
+        out.append(f'<details{" open" if i == 0 else ""}><summary>{page.esc(rd.name)}</summary>{note}'
+                   f'<div class="grid"><div><h3>config.yaml</h3>'
+                   f'{page.table(["key", "value"], sorted(flatten(rd.run.config).items()))}</div>'
+                   f'<div><h3>environment (run_info.json)</h3>{page.table(["key", "value"], rows_env)}</div></div>'
+                   f'</details>')
+    return "".join(out)
