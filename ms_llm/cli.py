@@ -187,10 +187,12 @@ def build_parser():
     from ms_llm.parallel.plan_cli import add_parser as add_plan_parser
 
     from ms_llm.debug.cli import add_parsers as add_debug_parsers
+    from ms_llm.report.cli import add_parsers as add_report_parsers
 
     add_plan_parser(sub)
     add_diagnose_parsers(sub)
     add_debug_parsers(sub)
+    add_report_parsers(sub)
 
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--run-dir", required=True)
