@@ -93,12 +93,29 @@ def cmd_benchmark(args):
 def cmd_convert(args):
     from ms_llm.interop import convert_hf
 
-    modes = [m for m in ("from_hf", "to_hf", "split", "merge") if getattr(args, m)]
+    modes = [m for m in ("from_hf", "to_hf", "split", "merge", "from_mindformers_config", "from_mindformers",
+                         "to_mindformers") if getattr(args, m)]
     if len(modes) != 1:
-        raise UserError("convert needs exactly one of --from-hf HF_DIR, --to-hf CHECKPOINT, --split CHECKPOINT or "
-                        "--merge SHARD_DIR.")
+        raise UserError("convert needs exactly one of --from-hf HF_DIR, --to-hf CHECKPOINT, --split CHECKPOINT, "
+                        "--merge SHARD_DIR, --from-mindformers-config YAML, --from-mindformers CKPT or "
+                        "--to-mindformers CHECKPOINT.")
     if args.split or args.merge:
         return reshard(args)
+    if args.from_mindformers_config:
+        from ms_llm.interop.mindformers_config import convert_config
+
+        convert_config(args.from_mindformers_config, args.output, args.samples, args.devices)
+        return None
+    if args.from_mindformers or args.to_mindformers:  # Llama checkpoints, docs/from_mindformers.md
+        from ms_llm.interop import mindformers_ckpt
+
+        if args.from_mindformers:
+            mindformers_ckpt.from_mindformers(args.from_mindformers, args.config, args.output, args.fused_layout,
+                                              args.strategy, args.format)
+        else:
+            mindformers_ckpt.to_mindformers(args.to_mindformers, args.config, args.output, args.dtype,
+                                            args.fused_layout)
+        return None
     if args.from_hf:
         if not os.path.isdir(args.from_hf):
             raise UserError(f"--from-hf '{args.from_hf}' is not a folder. Give a Hugging Face model folder.")
@@ -170,17 +187,39 @@ def build_parser():
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=cmd_benchmark)
 
-    p = sub.add_parser("convert", help="Hugging Face GPT-2/Llama safetensors <-> ms_llm checkpoint + config")
+    p = sub.add_parser("convert", help="Hugging Face GPT-2/Llama and MindFormers Llama checkpoints and configs <-> "
+                                       "ms_llm; reshard across layouts")
     p.add_argument("--from-hf", metavar="HF_DIR", help="a Hugging Face model folder (config.json + *.safetensors)")
     p.add_argument("--to-hf", metavar="CHECKPOINT", help="an ms_llm .ckpt/.safetensors file (weights)")
     p.add_argument("--split", metavar="CHECKPOINT", help="full checkpoint → per-rank shards for --config's layout")
     p.add_argument("--merge", metavar="SHARD_DIR", help="rank_<r>/model.ckpt shards → one full checkpoint")
-    p.add_argument("--devices", type=int, help="with --split/--merge: ranks of the layout")
+    p.add_argument("--devices", type=int, help="with --split/--merge: ranks of the layout; with "
+                                               "--from-mindformers-config: ranks of a use_parallel: false run")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--config", help="with --to-hf: the model's config.yaml (default: next to the checkpoint); "
-                                    "with --split/--merge: the config whose parallel_config gives the layout")
-    p.add_argument("--output", required=True, help="folder to write")
-    p.add_argument("--format", choices=("ckpt", "safetensors"), default="ckpt", help="with --from-hf")
+    p.add_argument("--config", help="with --to-hf/--to-mindformers: the model's config.yaml (default: next to the "
+                                    "checkpoint); with --from-mindformers: the model's config (ours or the MindFormers "
+                                    "YAML); with --split/--merge: the config whose parallel_config gives the layout")
+    p.add_argument("--output", required=True, help="folder to write (with --from-mindformers-config: the YAML file)")
+    p.add_argument("--format", choices=("ckpt", "safetensors"), default="ckpt",
+                   help="with --from-hf / --from-mindformers: the file format written")
+    p.add_argument("--from-mindformers-config", metavar="YAML",
+                   help="a MindFormers Llama YAML → an ms_llm config (--output C.yaml); prints what became of every key")
+    p.add_argument("--samples", type=int, help="with --from-mindformers-config: training samples in the dataset, to "
+                                               "turn runner_config.epochs into train.max_steps (default: counted when "
+                                               "train_dataset's dataset_dir is readable)")
+    p.add_argument("--from-mindformers", metavar="CKPT",
+                   help="a MindFormers Llama checkpoint (.ckpt/.safetensors, or a folder of rank_<r>/ shards with "
+                        "--strategy) → DIR/model.ckpt + config.yaml; needs --config")
+    p.add_argument("--to-mindformers", metavar="CHECKPOINT",
+                   help="an ms_llm checkpoint → MindFormers names in DIR/rank_0/model.ckpt")
+    p.add_argument("--strategy", metavar="PATH", help="with --from-mindformers DIR: the strategy file of the sharded "
+                                                      "run (or the folder of per-stage files)")
+    p.add_argument("--fused-layout", choices=("grouped", "concatenated"),
+                   help="row order of fused w_qkv / w_gate_hidden: grouped (MindFormers >= 1.4) or concatenated "
+                        "(<= 1.3); needed to read fused tensors; with --to-mindformers, writes fused tensors")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                   help="with --to-mindformers: tensor dtype (default: the dtypes of the checkpoint converted from "
+                        "MindFormers, else float32)")
     p.set_defaults(func=cmd_convert)
 
     from ms_llm.debug.diagnose_cli import add_parsers as add_diagnose_parsers
