@@ -462,8 +462,8 @@ def data(t):
         t.unsupported(td + "input_columns", "the labels column is not read: ms_llm's loss covers every next token "
                                             "of input_ids (no prompt masking)")
     t.ignored(td + "input_columns", "ms_llm reads input_ids (seq_length + 1 tokens per sample)")
-    if t.has(td + "num_parallel_workers"):
-        t.mapped(td + "num_parallel_workers", ("data.num_workers", int(t.get(td + "num_parallel_workers"))))
+    t.ignored(td + "num_parallel_workers", "reader threads suit the host, not the run: set data.num_workers for "
+                                           "yours (default 1; MindSpore refuses more than the host's CPUs)")
     t.ignored(td + "batch_size", "MindFormers replaces it with runner_config.batch_size too")
     for k in ("python_multiprocessing", "drop_remainder", "repeat", "numa_enable", "prefetch_size", "seed"):
         t.ignored(td + k, "pipeline detail ms_llm sets itself (batches never end short: epochs join)")
