@@ -192,7 +192,7 @@ def offset(t):
 # --- batch and parallel layout ----------------------------------------------------------------------------
 
 def batch(t, facts, devices):
-    pp = int(t.get("parallel_config.pipeline_stage", 1))
+    pp = int(t.get("parallel_config.pipeline_stage", 1)) if t.get("use_parallel", False) else 1
     bs = num(t.get("runner_config.batch_size", 1), "runner_config.batch_size", int)
     gas = num(t.get("runner_config.gradient_accumulation_steps", 1), "gradient_accumulation_steps", int)
     interleave = num(t.get("micro_batch_interleave_num", 1), "micro_batch_interleave_num", int)
@@ -241,6 +241,11 @@ def batch(t, facts, devices):
 
 def parallel(t, facts):
     pc = "parallel_config."
+    if not t.get("use_parallel", False):
+        t.ignore_prefix(pc, "use_parallel is false: MindFormers ignores parallel_config (one device, or data "
+                            "parallel over the launched ranks)")
+        t.ignore_prefix("parallel.", "use_parallel is false: no parallel context")
+        return
     mp = int(t.get(pc + "model_parallel", 1))
     for k in ("data_parallel", "model_parallel", "pipeline_stage", "vocab_emb_dp", "gradient_aggregation_group"):
         if t.has(pc + k):

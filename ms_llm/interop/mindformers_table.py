@@ -48,8 +48,8 @@ def flatten(node, prefix="", seen=None):
 
 def show(value, width=44):
     text = repr(value) if isinstance(value, str) else str(value)
-    if isinstance(value, bool):
-        text = str(value).lower()
+    if isinstance(value, bool) or value is None:
+        text = str(value).lower().replace("none", "null")
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
