@@ -102,7 +102,6 @@ def fuse(ours_name, w, m, layout):
 
 def to_ours(mf, m, layout):
     """{MindFormers canonical name: float32 array} (already shape-checked) → {our name: float32 array}."""
-    c, h, kv, d, f, _ = dims(m)
     out = {ours: mf[name] for ours, name in TOP.items() if name in mf}
     for i in range(m.num_layers):
         base = f"model.layers.{i}."

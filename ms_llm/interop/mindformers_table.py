@@ -3,6 +3,8 @@ of it (mapped to which ms_llm key, ignored and why, not supported), and the ms_l
 rows are written, so the printed table and the written YAML cannot disagree."""
 from dataclasses import dataclass
 
+from ms_llm.errors import UserError
+
 MAPPED, DEFAULT, IGNORED, UNSUPPORTED, ACTION, UNKNOWN = ("mapped", "default", "ignored", "NOT SUPPORTED",
                                                          "ACTION", "unknown")
 
@@ -151,3 +153,11 @@ def summary_counts(rows):
     for r in rows:
         counts[r.status] = counts.get(r.status, 0) + 1
     return counts
+
+
+def num(value, key, kind=float):
+    """A number from YAML: PyYAML reads 1e-5 (no dot) as a string."""
+    try:
+        return kind(float(value)) if kind is int else kind(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{key} = {value!r} is not a number. Fix it in the MindFormers file.") from None
