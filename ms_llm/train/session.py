@@ -33,7 +33,8 @@ class Session:
     n_params: int
     flops_per_token: float
     peak_flops: float
-    compile_cache_open: bool = False
+    cache: Any = None  # compile_cache.Guard while the step's graphs are not yet compiled
+    fresh_start: bool = True  # the step starts from the config's own initialisation (no resume, no loaded weights)
 
     @property
     def tokens_per_step(self):
@@ -51,24 +52,48 @@ class Session:
                 raise UserError(f"micro-batch {i} of the next step: {problem}")
         return batches
 
+    @property
+    def step_cells(self):
+        """The compiled cells of one optimizer step, in call order."""
+        return ([self.step_fn.accumulate] if self.accum > 1 else []) + [self.step_fn]
+
     def train_step(self, batches=None):
         """One optimizer step: accum-1 accumulating micro-batches, then the updating one."""
         batches = batches or self.next_batches()
+        if self.cache is not None:
+            return self.first_cached_step(batches)
         for b in batches[:-1]:
             self.step_fn.accumulate(b)
-        out = self.step_fn(batches[-1])
-        if self.compile_cache_open:  # the step's graphs are compiled (or loaded): cache nothing else
-            from ms_llm.train import compile_cache
+        return self.step_fn(batches[-1])
 
-            compile_cache.close()
-            self.compile_cache_open = False
+    def first_cached_step(self, batches):
+        """The first step under the compile cache: its graphs compiled or loaded, checked, then run; a fresh
+        start also records (filling) or verifies (reusing) what the step did. See compile_cache."""
+        from ms_llm.train import compile_cache
+
+        guard, self.cache = self.cache, None
+        guard.check_binding(self.step_cells, batches[-2:] if self.accum > 1 else batches[-1:], self.log)
+        before = compile_cache.fingerprint(self.step_fn) if self.fresh_start else None
+        out = self.train_step(batches)
+        if before is not None:
+            outputs = [x.asnumpy() for x in out]
+            seen = guard.first_step_record(outputs, before, compile_cache.fingerprint(self.step_fn))
+            error = None
+            try:
+                guard.check_first_step(seen)
+            except compile_cache.CacheMismatch as e:
+                error = e
+            if not all_ranks_ok(self.rt, error is None):  # every rank starts over, or none
+                raise error or compile_cache.CacheMismatch("another rank's compile cache entry did not reproduce "
+                                                           "its first step; starting again with a fresh compile")
         return out
 
 
-def open_session(cfg, echo=print, preflight=None, purpose="train"):
+def open_session(cfg, echo=print, preflight=None, purpose="train", rt=None, compile_cache=None):
     """Check, then build. `preflight(rt, log, plan)` runs once the runtime and the parallel plan are known,
-    before any data is touched."""
-    rt = setup_context(cfg.context)
+    before any data is touched. `rt`: an already set-up runtime (reopening); `compile_cache=False` overrides
+    the config's switch."""
+    rt = rt or setup_context(cfg.context)
     log = echo if rt.is_main else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
     plan = resolve_runtime(cfg, rt.world_size, rt.device_target)
     accum = plan.accumulation
@@ -91,12 +116,12 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     cpu_kernels.configure(rt.device_target == "CPU" and cfg.context.cpu_kernels)
     if rt.device_target == "CPU" and cfg.context.cpu_kernels and not cpu_kernels.active():
         log(f"note: fused CPU kernels unavailable ({cpu_kernels.build_error()}); using plain MindSpore ops")
-    if cfg.context.compile_cache and cfg.context.mode == "graph":
-        from ms_llm.train import compile_cache
+    cache = None
+    if cfg.context.compile_cache and compile_cache is not False and cfg.context.mode == "graph":
+        from ms_llm.train import compile_cache as cc
 
-        path, hit = compile_cache.enable(cfg, rt, purpose)
-        log(f"compile cache: {'reusing' if hit else 'filling'} {path}")
-    cache_open = cfg.context.compile_cache and cfg.context.mode == "graph"
+        cache = cc.enable(cfg, rt, purpose)
+        log(f"compile cache: {'reusing' if cache.hit else 'filling'} {cache.path}")
     ms.set_seed(t.seed)
     np.random.seed(t.seed)
     semi_auto = plan.semi_auto
@@ -128,7 +153,7 @@ def open_session(cfg, echo=print, preflight=None, purpose="train"):
     n_params = count_params(model)
     s = Session(cfg, rt, log, manifest, plan, accum, model, step_fn, EvalStep(model), data, val, n_params,
                 flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length),
-                peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, cache_open)
+                peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, cache)
     log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
         f"seq {m.seq_length}, vocab {m.vocab_size}); compute dtype {cfg.precision.compute_dtype}")
     if t.warmup_steps >= t.max_steps:

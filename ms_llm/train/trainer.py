@@ -17,10 +17,12 @@ from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
 from ms_llm.train import run_dir as rd
+from ms_llm.train.compile_cache import CacheMismatch
 from ms_llm.train.context import all_ranks_ok, rank0_int
 from ms_llm.train.evaluate import evaluate
 from ms_llm.train.preemption import Preemption
 from ms_llm.train.session import agree, open_session
+from ms_llm.train.skipped_steps import RunHalted, SkippedSteps
 
 
 def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_only=False):
@@ -51,6 +53,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
         plan_start = start
     elif cfg.checkpoint.load_weights:
         load_initial_weights(s, cfg.checkpoint.load_weights, log)
+    s.fresh_start = not plan["resume"] and not cfg.checkpoint.load_weights
     if rt.is_main:
         rd.create_run_dir(run_dir)
         if plan["resume"]:
@@ -72,6 +75,9 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     profiler = make_profiler(cfg, rt, run_dir, t, log)
     nan_watch, tensor_stats = make_watches(s, run_dir)
     nonfinite_run = 0  # consecutive steps with non-finite gradients (anomaly guard)
+    skips, unchecked = SkippedSteps(cfg.precision), []
+    skips.resume(float(s.step_fn.state.loss_scale.asnumpy()))
+    check_every = min(t.log_interval, 8)  # a host sync every few steps, not every step
 
     def save(step):
         strategy = os.path.join(cfg.checkpoint.strategy_dir or "", f"strategy_rank_{rt.rank}.ckpt")
@@ -97,7 +103,14 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                 if probing:
                     tensor_stats.before_step(s, step, batches)
                 t0 = time.perf_counter()
-                out = s.train_step(batches)
+                try:
+                    out = s.train_step(batches)
+                except CacheMismatch as e:  # only a fresh start checks it: starting over loses nothing
+                    log(f"warning: {e}")
+                    s = open_session(cfg, echo, rt=rt, compile_cache=False)
+                    batches = s.next_batches()
+                    t0 = time.perf_counter()
+                    out = s.train_step(batches)
                 pending.append(out)
                 if compile_s is None:  # the first call compiles the graph: keep it out of the throughput figures
                     pending[-1][0].asnumpy()
@@ -115,6 +128,17 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                     nonfinite_run = guard(s, out, done, nonfinite_run, run_dir, plan["ckpt_rank"], writer, log)
                 if profiler is not None:
                     profiler.after_step(done)
+                unchecked.append((done, out))
+                if done % check_every == 0 or done == t.max_steps:
+                    halt = None
+                    for n, o in unchecked:
+                        halt = halt or skips.update(n, int(o[2].asnumpy()), float(o[3].asnumpy()))
+                    unchecked.clear()
+                    if halt:
+                        save(done)
+                        saver.close()
+                        writer.write({"step": done, "event": "halted", "reason": halt, "since_step": skips.first})
+                        raise RunHalted(halted_message(done, skips, halt, run_dir, saver, t.anomaly is not None))
                 if done % t.log_interval == 0 or done == t.max_steps:
                     lr = lr_at(step, t) * float(s.step_fn.state.lr_scale.asnumpy())  # lowered by rollbacks
                     record, n_skipped = interval_record(pending, done, lr)
@@ -161,6 +185,17 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     return finish(s, run_dir, preempted or t.max_steps, val_loss, host["skipped"], compile_s, profiler, saver, log)
 
 
+def halted_message(step, skips, reason, run_dir, saver, anomaly_guard):
+    tried = "dynamic loss scaling" if skips.dynamic else "skipping the non-finite updates"
+    if anomaly_guard:
+        tried += " and the anomaly guard's rollbacks"
+    return (f"training stopped at step {step}: every update since step {skips.first} was skipped; {reason}. Tried: "
+            f"{tried}. No update was applied after step {skips.first - 1}, so the checkpoint just saved "
+            f"({saver.last_path or 'see ' + run_dir + '/checkpoints'}) holds the last good weights. Find the first "
+            f"module that goes non-finite with `ms-llm debug nan --run-dir {run_dir} --step {step}` (it replays the "
+            f"next step from that checkpoint); docs/debugging.md walks the rest.")
+
+
 def dry_run(cfg, echo=print):
     """Check and compile everything a run would, without training or writing a run directory.
 
@@ -170,13 +205,11 @@ def dry_run(cfg, echo=print):
     s.log(s.plan.table())
     batch = next(s.data)
     t0 = time.perf_counter()
-    if s.accum > 1:
-        s.step_fn.accumulate.compile(batch)
-    s.step_fn.compile(batch)
-    if s.compile_cache_open:
-        from ms_llm.train import compile_cache
-
-        compile_cache.close()
+    if s.cache is None:
+        for cell in s.step_cells:
+            cell.compile(batch)
+    if s.cache is not None:
+        s.cache.check_binding(s.step_cells, [batch] * len(s.step_cells), s.log)
     s.log(f"dry run: training step compiled in {time.perf_counter() - t0:.1f} s; nothing was trained or written")
     return s
 
