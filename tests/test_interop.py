@@ -295,13 +295,16 @@ def test_cli_round_trip_and_every_mismatch_listed(tiny_config, tmp_path):
     assert not (tmp_path / "never").exists()
 
 
-def write_strategy(path, layouts):
+def write_strategy(path, layouts, stage=0):
     """A MindSpore strategy file (node_strategy.proto): {param: (device matrix, tensor map)}; what semi-auto
     parallel saves, written by hand because a CPU cannot compile a sharded graph."""
     from mindspore.train import node_strategy_pb2 as pb
 
     sm = pb.ParallelStrategyMap()
-    sm.current_stage = 0
+    sm.current_stage = stage
+    op = sm.parallel_strategy_item.add()  # one operator's entry: it carries the pipeline stage of the file
+    op.node_name, op.parallel_strategys.stage = f"MatMul-op{stage}", stage
+    op.parallel_strategys.parallel_strategy.add().dim.extend([1, 1])
     for name, (dev, tmap) in layouts.items():
         item = sm.parallel_layout_item.add()
         item.param_name = name
@@ -344,3 +347,22 @@ def test_rank_sharded_checkpoint_is_merged_by_mindspore(tiny_config, tmp_path):
     assert any("transform_checkpoints" in line for line in log)
     with pytest.raises(UserError, match="--strategy"):
         mf.from_mindformers(str(tmp_path / "shards"), tiny_config, str(tmp_path / "x"), log=log.append)
+
+
+def test_pipeline_shards_merge_with_their_per_stage_strategy_files(tiny_config, tmp_path):
+    from ms_llm.checkpoint import store
+    from ms_llm.interop import mindformers_ckpt as mf
+
+    full = plain_weights(np.random.default_rng(6), "bfloat16")
+    save_mindformers(str(tmp_path / "full.ckpt"), full, "bfloat16", extra_state=False)
+    stage_of = lambda k: 1 if k.startswith(("model.layers.1.", "model.norm_out", "lm_head")) else 0  # noqa: E731
+    for stage in (0, 1):  # pipeline 2: each stage's rank holds its own layers, whole
+        mine = {k: v for k, v in full.items() if stage_of(k) == stage}
+        save_mindformers(str(tmp_path / "shards" / f"rank_{stage}" / "llama.ckpt"), mine, "bfloat16", extra_state=False)
+        write_strategy(str(tmp_path / "strategy" / f"ckpt_strategy_rank_{stage}.ckpt"),
+                       {k: ([1], [-1] * v.ndim) for k, v in mine.items()}, stage)
+    mf.from_mindformers(str(tmp_path / "shards"), tiny_config, str(tmp_path / "merged"),
+                        strategy=str(tmp_path / "strategy"), log=lambda *_: None)
+    mf.from_mindformers(str(tmp_path / "full.ckpt"), tiny_config, str(tmp_path / "direct"), log=lambda *_: None)
+    a, b = (store.read_tensors(str(tmp_path / d / "model.ckpt")) for d in ("merged", "direct"))
+    assert set(a) == set(b) and all(np.array_equal(a[k], b[k]) for k in a)
