@@ -9,7 +9,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9",
     packages=find_packages(include=["ms_llm", "ms_llm.*", "model_zoo", "model_zoo.*"]),
-    # bokeh: the HTML report's plots (ms_llm/report), inlined into the page; 3.4 brought the vspan glyph
+    package_data={"ms_llm.report": ["static/*.js"]},  # the report's drawing code, inlined into each page
+    # bokeh: the HTML report's plots (BokehJS inlined into the page); 3.4 brought the vspan glyph
     install_requires=["mindspore==2.10.0", "numpy<2", "pyyaml", "tqdm", "bokeh>=3.4,<4"],
     # tensorboard: the event-file writer (monitor.tensorboard); dev adds TensorBoard itself, whose
     # EventAccumulator the tests read the files back with

@@ -28,6 +28,9 @@ class RunData:
         self.run = load_run(path, need_metrics=False)
         self.telemetry, bad = read_jsonl(os.path.join(path, "telemetry.jsonl"))
         self.run.bad_lines += bad
+        self._curves = {}  # (key, records, factor) -> (steps, values): panels and event markers reuse curves
+        self._tables = {}  # id(records) -> (steps, deduplicated records)
+        self._events = None
 
     @property
     def name(self):
@@ -49,21 +52,38 @@ class RunData:
         A resumed run can log a step twice (the steps between its last checkpoint and the preemption are
         trained again): the later record wins, as it is the one the run continued from.
         """
-        by_step = {}
-        for r in self.run.train if records is None else records:
-            v = r.get(key)
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                by_step[r["step"]] = float(v) * factor
-        if not by_step:
-            return np.zeros(0), np.zeros(0)
-        steps = np.array(sorted(by_step), dtype=np.float64)
-        values = np.array([by_step[int(s)] for s in steps], dtype=np.float64)
+        cache_key = (key, id(records), factor)
+        if cache_key not in self._curves:
+            self._curves[cache_key] = self._curve(key, records, factor)
+        return self._curves[cache_key]
+
+    def _table(self, records):
+        """(steps, records) with one record per step, the later one winning, in step order."""
+        if id(records) not in self._tables:
+            last = {r["step"]: r for r in records}
+            steps = sorted(last)
+            self._tables[id(records)] = (np.array(steps, dtype=np.float64), [last[s] for s in steps])
+        return self._tables[id(records)]
+
+    def _curve(self, key, records, factor):
+        steps, recs = self._table(self.run.train if records is None else records)
+        raw = [r.get(key) for r in recs]
+        try:
+            values = np.array(raw, dtype=np.float64)  # None (key absent) becomes NaN
+        except (TypeError, ValueError):  # a string where a number belongs: that point is absent
+            values = np.array([v if isinstance(v, (int, float)) else None for v in raw], dtype=np.float64)
+        nan = np.flatnonzero(np.isnan(values))
+        absent = [i for i in nan if not isinstance(raw[i], float)]  # a logged NaN stays (a gap in the line)
+        keep = np.ones(len(values), dtype=bool)
+        keep[absent] = False
+        steps, values = steps[keep], values[keep] * factor
         values[~np.isfinite(values)] = np.nan
         return steps, values
 
     def nonfinite_steps(self, key):
         """Steps whose logged `key` is NaN or Inf (drawn as markers, since a line cannot show them)."""
-        return [r["step"] for r in self.run.train if isinstance(r.get(key), float) and not math.isfinite(r[key])]
+        steps, values = self.curve(key)
+        return [int(s) for s in steps[np.isnan(values)]]
 
     def ms_per_step(self):
         """ms/step as logged, or derived from tokens/s for runs that predate the field."""
@@ -74,21 +94,14 @@ class RunData:
         with np.errstate(divide="ignore", invalid="ignore"):
             return steps, np.where(tps > 0, 1000.0 * self.tokens_per_step / tps, np.nan)
 
-    def time_to_step(self):
-        """A function mapping Unix times to (fractional) steps, from the `time` field of the log records; None
-        when the run's records carry no time (older runs)."""
-        steps, times = self.curve("time")
-        ok = np.isfinite(times)
-        steps, times = steps[ok], times[ok]
-        if len(steps) < 2:
-            return None
-        order = np.argsort(times)
-        steps, times = steps[order], times[order]
-        return lambda t: np.interp(np.asarray(t, dtype=np.float64), times, steps, left=np.nan, right=np.nan)
-
     def events(self):
         """Event records (resume, preempted, checkpoint, nonfinite, ...), plus each NaN/Inf loss as a
         `nonfinite` event for runs that logged the value but not the event."""
+        if self._events is None:
+            self._events = self._collect_events()
+        return self._events
+
+    def _collect_events(self):
         out = [dict(e) for e in self.run.events]
         seen = {e["step"] for e in out if e.get("event") == "nonfinite"}
         out += [{"step": s, "event": "nonfinite", "detail": "loss is NaN/Inf"} for s in self.nonfinite_steps("loss")

@@ -4,7 +4,9 @@ offline by construction, and any attempt would show as a console error, which th
 """
 import datetime
 import html
+import json
 import math
+import os
 
 CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; "
        "font-src data:")
@@ -67,7 +69,9 @@ def fmt(v):
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, float):
-        return f"{v:.6g}" if math.isfinite(v) else str(v)
+        if not math.isfinite(v):
+            return str(v)
+        return f"{v:.1f}" if v.is_integer() and abs(v) < 1e6 else f"{v:.6g}"  # 1.0 stays a float, as in YAML
     if isinstance(v, int):
         return f"{v:,}" if abs(v) >= 10000 else str(v)
     if isinstance(v, (list, tuple)):
@@ -84,12 +88,31 @@ def table(head, rows, numeric=()):
     return "".join(out) + "</table>"
 
 
-def panel_html(pid, title, div, wide=False):
+def panel_html(pid, title, wide=False):
+    """A panel's frame; static/report.js draws the figure into its .plot element."""
     return (f'<div class="panel{" wide" if wide else ""}" data-panel="{esc(pid)}"><h3>{esc(title)}</h3>'
-            f'{div}</div>')
+            f'<div class="plot"></div></div>')
 
 
-def document(title, subtitle, sections, bokeh_js, bokeh_script):
+def bokeh_js():
+    """BokehJS and its plotting API, inlined by Bokeh's own resource loader (the files of the installed
+    version, so the page and the library always match)."""
+    from bokeh.resources import Resources
+
+    return Resources(mode="inline", components=["bokeh", "bokeh-api"]).render_js()
+
+
+def report_js():
+    with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "static", "report.js"), encoding="utf-8") as f:
+        return f.read()
+
+
+def payload_json(payload):
+    """The payload as a JSON text safe inside <script>: '<' escaped, so no string can close the element."""
+    return json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
+
+
+def document(title, subtitle, sections, payload):
     """The whole page. `sections` maps a section id to its inner HTML (None: left out)."""
     nav = " ".join(f'<a href="#{sid}">{esc(name)}</a>' for sid, name in SECTIONS if sections.get(sid))
     body = "".join(f'<section id="{sid}"><h2>{esc(name)}</h2>{sections[sid]}</section>'
@@ -98,8 +121,9 @@ def document(title, subtitle, sections, bokeh_js, bokeh_script):
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<title>{esc(title)}</title><style>{STYLE}</style>{bokeh_js}</head>'
+            f'<title>{esc(title)}</title><style>{STYLE}</style>{bokeh_js()}</head>'
             f'<body><h1>{esc(title)}</h1><div class="sub">{esc(subtitle)} · generated {esc(now)} by ms_llm '
             f'(ms-llm report). Drag on a curve to zoom its steps (all curves follow), the toolbar’s reset button restores; '
-            f'click a legend entry to hide it.</div><nav>{nav}</nav>{body}{bokeh_script}'
-            f'<script>{CHECK_SCRIPT}</script></body></html>\n')
+            f'click a legend entry to hide it.</div><nav>{nav}</nav>{body}'
+            f'<script type="application/json" id="report-data">{payload_json(payload)}</script>'
+            f'<script>{report_js()}</script><script>{CHECK_SCRIPT}</script></body></html>\n')

@@ -7,7 +7,7 @@ from ms_llm.errors import UserError
 from ms_llm.fileio import atomic_write_bytes
 from ms_llm.report import page
 from ms_llm.report.data import load_runs
-from ms_llm.report.figures import EVENT_COLORS, WINDOW_EVENTS, event_detail
+from ms_llm.report.payload import EVENT_COLORS, WINDOW_EVENTS, event_detail
 
 MAX_EVENT_ROWS = 300
 
@@ -37,22 +37,13 @@ def write_report(run_dirs, output=None, align="step", title=None, diagnose=True)
 
 
 def render(runs, align, title, diagnose=True):
-    from bokeh.document import Document
-    from bokeh.embed import components
-    from bokeh.resources import Resources
-
-    from ms_llm.report.figures import Builder
+    from ms_llm.report.payload import Builder
 
     builder = Builder(runs, align)
     panels = builder.build()
-    doc = Document()
-    with doc.models.freeze():  # one model-graph walk for all panels instead of one per panel
-        for _, _, _, fig in panels:
-            doc.add_root(fig)
-    script, divs = components({pid: fig for _, pid, _, fig in panels}) if panels else ("", {})
     grids = {}
-    for section, pid, ttl, _ in panels:
-        grids.setdefault(section, []).append(page.panel_html(pid, ttl, divs[pid], wide=section == "heatmap"))
+    for p in panels:
+        grids.setdefault(p["section"], []).append(page.panel_html(p["id"], p["title"], wide=p["section"] == "heatmap"))
     notes = "".join(f'<p class="note">{page.esc(n)}</p>' for n in builder.notes)
     names = ", ".join(r.name for r in runs)
     sections = {
@@ -68,8 +59,8 @@ def render(runs, align, title, diagnose=True):
     }
     subtitle = f"{len(runs)} run(s), x axis: {align}" + (" (step × global batch × sequence length)"
                                                          if align == "tokens" else "")
-    js = Resources(mode="inline", components=["bokeh"]).render_js()
-    return page.document(title or f"ms_llm report: {names}", subtitle, sections, js, script)
+    payload = {"x_label": builder.x_label, "panels": panels, "events": builder.event_lines()}
+    return page.document(title or f"ms_llm report: {names}", subtitle, sections, payload)
 
 
 def summary_section(runs):
