@@ -180,10 +180,7 @@ def to_mindformers(checkpoint, config_path, out_dir, dtype=None, fused_layout=No
     here = os.path.dirname(os.path.abspath(checkpoint))
     cfg = model_config(config_path or os.path.join(here, "config.yaml"))
     m = cfg.model
-    origin = {}
-    if os.path.isfile(os.path.join(here, ORIGIN)):
-        with open(os.path.join(here, ORIGIN), encoding="utf-8") as f:
-            origin = json.load(f)
+    origin, origin_path = find_origin(here, cfg.checkpoint.load_weights)
     if fused_layout is not None and fused_layout not in names.FUSED_LAYOUTS:
         raise UserError(f"--fused-layout {fused_layout}: choose grouped or concatenated.")
     if dtype is not None and dtype not in MS_DTYPES:
@@ -206,10 +203,24 @@ def to_mindformers(checkpoint, config_path, out_dir, dtype=None, fused_layout=No
     if os.path.exists(path):
         raise UserError(f"'{path}' already exists. Choose another --output.")
     write_checkpoint(path, {k: renamed[k] for k in order}, dtypes)
+    log(f"names, order and dtypes from {origin_path}" if origin_path else
+        "no mindformers_origin.json next to the checkpoint or its run's checkpoint.load_weights: plain names"
+        + (f", {dtype}" if dtype else ", float32") + (f", fused ({layout})" if fused_qkv else ""))
     log(f"wrote {len(order)} MindFormers tensors ({'/'.join(sorted(set(dtypes.values())))}) → {path}. In MindFormers: "
         f"load_checkpoint: {path} on one device, or load_checkpoint: {out_dir} with auto_trans_ckpt: True for a "
         f"distributed layout.")
     return path
+
+
+def find_origin(here, load_weights):
+    """The record of the MindFormers file a checkpoint descends from: next to it (a converted checkpoint), or
+    next to the weights its run started from (a run fine-tuned from one; --config runs/x/config.yaml)."""
+    for folder in (here, os.path.dirname(os.path.abspath(load_weights)) if load_weights else None):
+        if folder and os.path.isfile(os.path.join(folder, ORIGIN)):
+            path = os.path.join(folder, ORIGIN)
+            with open(path, encoding="utf-8") as f:
+                return json.load(f), path
+    return {}, None
 
 
 def ours_names(m):
