@@ -55,7 +55,10 @@ class TelemetrySampler:
     # -- lifecycle ---------------------------------------------------------------------------------------
 
     def start(self):
-        self._file = open(self.path, "a", encoding="utf-8")
+        folder = os.path.dirname(os.path.abspath(self.path))
+        if not os.path.isdir(folder):
+            raise UserError(f"telemetry file '{self.path}': folder '{folder}' does not exist. The sampler writes "
+                            f"into the run directory; start it after the run directory is created.")
         self._host_init()
         self._thread = threading.Thread(target=self._loop, name="ms_llm-telemetry", daemon=True)
         self._thread.start()
@@ -63,14 +66,16 @@ class TelemetrySampler:
 
     def stop(self):
         """Takes a last sample (the end state is often the interesting one) and closes the file."""
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join(timeout=self.interval_s + 15)
-        self._thread = None
-        self._safe_sample()
-        self._file.close()
-        self._file = None
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=15)  # a tool call is bounded by its own timeout (10 s)
+            hung, self._thread = self._thread.is_alive(), None
+            if hung:
+                return  # the daemon thread still owns the file; it ends at its next stop check
+            self.tick()
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
     def __enter__(self):
         return self.start()
@@ -79,15 +84,19 @@ class TelemetrySampler:
         self.stop()
 
     def _loop(self):
-        self._safe_sample()
+        self.tick()
         while not self._stop.wait(self.interval_s):
-            self._safe_sample()
+            self.tick()
 
-    def _safe_sample(self):
+    def tick(self):
+        """Take one sample and append it; never raises (the background loop calls this every interval)."""
         try:
             self._write(self.sample())
         except Exception as e:  # noqa: BLE001 (telemetry must never end a training run)
-            self._error("sampler", f"{type(e).__name__}: {e}")
+            try:
+                self._error("sampler", f"{type(e).__name__}: {e}")
+            except Exception:  # noqa: BLE001
+                pass  # the file itself cannot be written (disk full, folder removed): nothing left to tell
 
     # -- one sample --------------------------------------------------------------------------------------
 
@@ -171,6 +180,7 @@ class TelemetrySampler:
             self._write({"time": round(time.time(), 3), "event": "tool_error", "tool": tool, "detail": detail})
 
     def _write(self, rec):
-        if self._file is not None:
-            self._file.write(json.dumps(rec) + "\n")
-            self._file.flush()
+        if self._file is None:
+            self._file = open(self.path, "a", encoding="utf-8")
+        self._file.write(json.dumps(rec) + "\n")
+        self._file.flush()
