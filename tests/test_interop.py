@@ -73,6 +73,19 @@ def test_epochs_need_the_dataset_size_and_bad_models_are_refused(tmp_path):
     ours, rows, _ = import_config(raw)  # no --samples and no readable dataset
     assert "max_steps" not in ours["train"] and "warmup_steps" not in ours["train"]
     assert {r.key: r.status for r in rows}["runner_config.epochs"] == "ACTION"
+    from mindspore.mindrecord import FileWriter
+
+    from ms_llm.interop.mindformers_config import convert_config
+
+    os.makedirs(tmp_path / "wiki")  # a readable dataset is counted: 3 shards as MindFormers' --file_partition 3
+    writer = FileWriter(str(tmp_path / "wiki" / "wiki.mindrecord"), shard_num=3)
+    writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]}}, "lm")
+    writer.write_raw_data([{"input_ids": np.arange(9, dtype=np.int32)} for _ in range(1000)])
+    writer.commit()
+    raw["train_dataset"]["data_loader"]["dataset_dir"] = str(tmp_path / "wiki" / "wiki.mindrecord0")
+    (tmp_path / "mf.yaml").write_text(yaml.safe_dump(raw))
+    cfg, _ = convert_config(str(tmp_path / "mf.yaml"), str(tmp_path / "ours.yaml"), log=lambda *_: None)
+    assert cfg.train.max_steps == 2 * (1000 // 64) and cfg.data.dataset_dir == str(tmp_path / "wiki")
     for key, value, message in [("type", "GPT2Config", "only Llama models"), ("extend_method", "NTK", "RoPE extension"),
                                 ("qkv_has_bias", True, "no biases")]:
         bad = yaml.safe_load(yaml.safe_dump(raw))

@@ -1,6 +1,7 @@
 """MindFormers dataset, callbacks, context, profiling and top-level run keys → our `data`, `checkpoint`,
 `monitor`, `context` sections (one row per key)."""
 import os
+import re
 
 from ms_llm.errors import UserError
 
@@ -9,9 +10,10 @@ def data(t):
     td = "train_dataset."
     d = t.get(td + "data_loader.dataset_dir")
     if d:
-        folder = os.path.dirname(d) if d.endswith(".mindrecord") or os.path.isfile(d) else d.rstrip("/")
+        is_file = re.search(r"\.mindrecord\d*$", d) or os.path.isfile(d)  # MindFormers accepts a shard's path
+        folder = os.path.dirname(d) if is_file else d.rstrip("/")
         t.mapped(td + "data_loader.dataset_dir", ("data.dataset_dir", folder or "."),
-                 ("the folder of that file; " if folder != d else "")
+                 ("the folder of that file; " if is_file else "")
                  + "a MindFormers MindRecord needs a manifest.json first (ms-llm data adopt)")
     else:
         t.action(td + "data_loader.dataset_dir", "empty: set data.dataset_dir to the dataset folder")
