@@ -28,6 +28,18 @@ def dataset(corpus, tmp_path_factory):
     return out
 
 
+@pytest.fixture
+def cache(tmp_path):
+    """Environment for an empty compile cache that shares the fused-kernel build of the session's cache (so
+    g++ does not rebuild it)."""
+    root = tmp_path / "cache"
+    root.mkdir()
+    kernels = os.path.join(os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm")), "kernels")
+    if os.path.isdir(kernels):
+        os.symlink(kernels, root / "kernels")
+    return {"MS_LLM_CACHE": str(root)}
+
+
 def ms_llm(*args, cwd=None, timeout=600, env=None):
     """Run the installed CLI the way a user does; returns the CompletedProcess."""
     full_env = dict(os.environ, GLOG_v="3", **(env or {}))

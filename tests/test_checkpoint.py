@@ -14,7 +14,9 @@ import pytest
 from conftest import ROOT, ms_llm, tiny_train_args
 from ms_llm.checkpoint import store
 
-RUN = ["--set", "train.max_steps=60", "--set", "checkpoint.save_interval=10", "--set", "train.eval_interval=20"]
+# accumulation 2: resume must restore what the accumulating graph and the updating graph share
+RUN = ["--set", "train.max_steps=60", "--set", "checkpoint.save_interval=10", "--set", "train.eval_interval=20",
+       "--set", "train.micro_batch_size=4", "--set", "train.log_interval=1"]
 
 
 def losses(run_dir):
@@ -57,10 +59,10 @@ def test_stop_and_resume_is_bit_identical(dataset, uninterrupted, tmp_path):
     ref, ref_digest = uninterrupted
     run = tmp_path / "run"
     first = ok(ms_llm(*tiny_train_args(dataset, run, *RUN, "--set", "train.stop_at_step=30")))
-    assert "stopped at step 30" in first.stdout
+    assert "stopped at step 30" in first.stdout and "accumulation 2" in first.stdout
     resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume"))
     assert "resuming at step 30" in resumed.stdout
-    assert losses(run) == losses(ref)  # every logged loss and val loss, bit for bit
+    assert losses(run) == losses(ref)  # the loss of every step and every val loss, bit for bit
     assert digest(resumed.stdout) == ref_digest
     (s1, a), (s2, b) = final_tensors(ref), final_tensors(run)
     assert s1 == s2 == 60 and a.keys() == b.keys()
@@ -114,7 +116,7 @@ def wait_for_step(run, step, proc, timeout=120):
 
 def test_kill_9_then_auto_resume_ends_like_an_uninterrupted_run(dataset, tmp_path):
     long = ["--set", "train.max_steps=400", "--set", "checkpoint.save_interval=10", "--set", "train.log_interval=10",
-            "--set", "train.eval_interval=0", "--set", "checkpoint.auto_resume=true"]
+            "--set", "train.eval_interval=0", "--set", "checkpoint.auto_resume=true", "--set", "train.micro_batch_size=4"]
     ref = tmp_path / "ref"
     ok(ms_llm(*tiny_train_args(dataset, ref, *long)))
     run = tmp_path / "run"
@@ -264,3 +266,36 @@ def test_anomaly_guard_rolls_back_after_repeated_non_finite_steps(dataset, tmp_p
     from ms_llm.train.lr_schedule import lr_at
     at_30 = next(r for r in recs if r.get("step") == 30 and "lr" in r)
     assert at_30["lr"] == pytest.approx(0.5 * lr_at(29, cfg.train))
+
+
+def test_a_run_whose_every_update_overflows_stops_with_a_checkpoint_instead_of_reporting_done(dataset, tmp_path):
+    """float16 with a huge init overflows at every loss scale: the scale reaches its floor of 1, the next
+    overflow stops the run (exit 3) with a checkpoint and the command that finds the culprit."""
+    run = tmp_path / "run"
+    proc = ms_llm(*tiny_train_args(dataset, run, "--set", "precision.compute_dtype=float16",
+                                   "--set", "model.init_std=50", "--set", "train.max_steps=200"))
+    assert proc.returncode == 3, proc.stdout[-1500:] + proc.stderr[-1500:]
+    assert "Traceback" not in proc.stderr and "done:" not in proc.stdout
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and "every update since step 1 was skipped" in err[0], proc.stderr
+    assert "floor of 1" in err[0] and f"ms-llm debug nan --run-dir {run} --step 24" in err[0]
+    assert "step_00000024.ckpt" in err[0] and (run / "checkpoints" / "rank_0" / "step_00000024.ckpt").is_file()
+    events = [json.loads(l) for l in open(run / "metrics.jsonl") if '"event"' in l]
+    assert events[-1]["event"] == "halted" and events[-1]["since_step"] == 1
+
+
+def test_skipped_steps_stop_rules():
+    from types import SimpleNamespace
+
+    from ms_llm.train.skipped_steps import LIMIT, SkippedSteps
+
+    static = SkippedSteps(SimpleNamespace(loss_scale="static", init_scale=1024.0))
+    assert all(static.update(n, 1, 1024.0) is None for n in range(1, LIMIT))
+    assert static.update(LIMIT, 1, 1024.0).startswith(f"{LIMIT} consecutive updates were skipped")
+    static.update(LIMIT + 1, 0, 1024.0)  # one applied update resets the count
+    assert static.count == 0 and static.update(LIMIT + 2, 2, 1024.0) is None
+
+    dynamic = SkippedSteps(SimpleNamespace(loss_scale="dynamic", init_scale=4.0))
+    # overflows at 4, 2 and 1 (the scale returned is the one the next step uses): the overflow at 1 stops it
+    assert dynamic.update(1, 1, 2.0) is None and dynamic.update(2, 1, 1.0) is None
+    assert "floor of 1 and step 3 still overflowed" in dynamic.update(3, 1, 1.0)

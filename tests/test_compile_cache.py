@@ -14,17 +14,6 @@ STEPS = ["--set", "train.max_steps=6", "--set", "train.log_interval=1", "--set",
          "--set", "train.warmup_steps=2"]
 
 
-@pytest.fixture
-def cache(tmp_path):
-    """An empty compile cache that shares the fused-kernel build of the session's cache (no g++ rebuild)."""
-    root = tmp_path / "cache"
-    root.mkdir()
-    kernels = os.path.join(os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm")), "kernels")
-    if os.path.isdir(kernels):
-        os.symlink(kernels, root / "kernels")
-    return {"MS_LLM_CACHE": str(root)}
-
-
 def metrics(run_dir):
     """Every logged number of a run, step by step (time-like fields left out)."""
     keep = ("loss", "grad_norm", "loss_scale", "skipped", "lr", "val_loss")

@@ -26,29 +26,44 @@ def losses(run_dir):
                                                                     if "val_loss" in r}
 
 
-def test_two_rank_msrun_matches_single_process(dataset, tmp_path):
-    steps = ["--set", "train.max_steps=60", "--set", "train.global_batch_size=8", "--set", "train.eval_interval=30"]
-    single = tmp_path / "single"
-    proc = ms_llm(*tiny_train_args(dataset, single, "--set", "train.micro_batch_size=8", *steps))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    multi, logs = tmp_path / "multi", tmp_path / "logs"
-    args = tiny_train_args(dataset, multi, "--set", "train.micro_batch_size=4", *steps)[1:]
+def msrun_train(dataset, run_dir, logs, *extra, env=None):
+    args = tiny_train_args(dataset, run_dir, *extra)[1:]
     cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}", "--join=True",
            "--cluster_time_out=120", f"--log_dir={logs}", os.path.join(ROOT, "train.py"), *args]
-    env = dict(os.environ, GLOG_v="3", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    env = dict(os.environ, GLOG_v="3", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+               **(env or {}))
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
     worker_logs = {r: (logs / f"worker_{r}.log").read_text() for r in range(2)}
     assert proc.returncode == 0, proc.stdout[-2000:] + worker_logs[0][-2000:] + worker_logs[1][-2000:]
+    return worker_logs
 
+
+def test_two_rank_msrun_matches_single_process_and_reuses_its_compiled_graphs(dataset, tmp_path, cache):
+    """Accumulation 2 on each of 2 ranks equals accumulation 2 in one process; a second launch that loads both
+    ranks' graphs from the compile cache trains bit for bit like the launch that compiled them."""
+    steps = ["--set", "train.max_steps=60", "--set", "train.global_batch_size=8", "--set", "train.eval_interval=30"]
+    single = tmp_path / "single"
+    proc = ms_llm(*tiny_train_args(dataset, single, "--set", "train.micro_batch_size=4", *steps))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    multi = tmp_path / "multi"
+    worker_logs = msrun_train(dataset, multi, tmp_path / "logs", "--set", "train.micro_batch_size=2", *steps,
+                              env=cache)
     (l1, v1), (l2, v2) = losses(single), losses(multi)
     assert sorted(l1) == sorted(l2) == [10, 20, 30, 40, 50, 60]
     for step in l1:
         assert abs(l1[step] - l2[step]) < 1e-4, (step, l1[step], l2[step])
     for step in v1:
         assert abs(v1[step] - v2[step]) < 1e-4
-    assert "data-parallel 2" in worker_logs[0] and "accumulation 1" in worker_logs[0]
+    assert "data-parallel 2" in worker_logs[0] and "accumulation 2" in worker_logs[0]
+    assert "compile cache: filling" in worker_logs[0]
 
     digests = [re.search(r"parameter digest \(rank \d\): (\w+)", worker_logs[r]).group(1) for r in range(2)]
     assert digests[0] == digests[1]  # ranks hold bit-identical parameters
     assert not (multi / "checkpoints" / "rank_1").exists()  # rank 0 alone writes the checkpoint
+
+    again = msrun_train(dataset, tmp_path / "again", tmp_path / "logs2", "--set", "train.micro_batch_size=2", *steps,
+                        env=cache)
+    assert all("compile cache: reusing" in again[r] and "warning" not in again[r] for r in range(2))
+    assert losses(tmp_path / "again") == losses(multi)
+    assert re.search(r"parameter digest \(rank 0\): (\w+)", again[0]).group(1) == digests[0]
