@@ -57,6 +57,9 @@ def test_single_run_has_every_panel_and_table(tmp_path):
     assert "[error]" in section(html, "diagnosis") and "NaN" in section(html, "diagnosis")
     config = section(html, "config")
     assert "<td>train.clip_grad</td><td>1.0</td>" in config and "<td>versions.mindspore</td>" in config
+    # the time fields: elapsed wall time of the last record (no ETA: the run finished)
+    summary = section(html, "summary")
+    assert "<th>elapsed</th>" in summary and re.search(r"<td class=num>1:4\d</td>", summary)
     # the telemetry note says once that npu-smi was missing
     assert html.count("telemetry: npu-smi: npu-smi not found on PATH") == 1
 
@@ -175,3 +178,16 @@ def test_payload_cannot_close_its_script_element():
     text = payload_json({"detail": "</script><script>alert(1)</script>", "gap": None})
     assert "</" not in text and "<" not in text
     assert json.loads(text) == {"detail": "</script><script>alert(1)</script>", "gap": None}
+
+
+def test_running_run_shows_its_eta(tmp_path):
+    run = make_run(tmp_path / "going", steps=1000, events=False, telemetry=False)
+    lines = open(os.path.join(run, "metrics.jsonl")).read().splitlines()
+    open(os.path.join(run, "metrics.jsonl"), "w").write("\n".join(lines[:50]) + "\n")  # up to step 500
+    info = json.load(open(os.path.join(run, "run_info.json")))
+    del info["final"]  # the trainer writes `final` last: this run is still going
+    json.dump(info, open(os.path.join(run, "run_info.json"), "w"))
+    last = json.loads(lines[49])
+    summary = section(open(write_report(run), encoding="utf-8").read(), "summary")
+    m, s = divmod(round(last["eta_s"]), 60)
+    assert "running-or-crashed" in summary and f"<td class=num>{m}:{s:02d}</td>" in summary

@@ -1,5 +1,6 @@
 """`write_report(run_dirs, output)`: one self-contained HTML page for one or several runs (the trainer calls it
 at every evaluation; `ms-llm report` calls it from the command line)."""
+import datetime
 import os
 
 from ms_llm.debug.runs import ENV_KEYS, changed, flatten, summarize
@@ -68,13 +69,29 @@ def summary_section(runs):
     for rd in runs:
         s = summarize(rd.run)
         tok = s["tokens_per_s"]
+        last = rd.run.train[-1] if rd.run.train else {}
+        # the time fields (newer runs): wall time so far, when the last record was written, and for a run
+        # still going, the trainer's own estimate of what is left
+        elapsed = last.get("elapsed_s")
+        when = last.get("time")
+        eta = last.get("eta_s") if s["status"] == "running-or-crashed" else None
         rows.append([rd.name, s["status"], f"{s['steps']}/{s['max_steps'] or '?'}", s["best_val_loss"],
                      s["final_val_loss"], f"{tok:,.0f}" if tok else None, s["start_time"],
+                     duration(elapsed), datetime.datetime.fromtimestamp(when).isoformat(timespec="seconds")
+                     if isinstance(when, (int, float)) else None, duration(eta),
                      rd.run.cfg("precision.compute_dtype"), os.path.abspath(rd.path)])
     bad = [f"{rd.name}: {rd.run.bad_lines} unreadable line(s) skipped" for rd in runs if rd.run.bad_lines]
     return (page.table(["run", "status", "steps", "best val loss", "final val loss", "tokens/s (median)", "started",
-                        "compute dtype", "path"], rows, numeric=(3, 4, 5))
+                        "elapsed", "last record", "ETA", "compute dtype", "path"], rows, numeric=(3, 4, 5, 7, 9))
             + "".join(f'<p class="note">{page.esc(b)}</p>' for b in bad))
+
+
+def duration(seconds):
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or seconds != seconds:
+        return None
+    m, s = divmod(int(round(seconds)), 60)
+    h, m = divmod(m, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
 def differences_section(runs):
