@@ -14,8 +14,9 @@
   }
 
   function figure(panel, extra) {
-    var attrs = {height: HEIGHT, sizing_mode: "stretch_width", tools: TOOLS, active_drag: "xbox_zoom",
-                 title: null, y_axis_type: panel.y_log ? "log" : "linear"};
+    var attrs = {height: HEIGHT, sizing_mode: "stretch_width", tools: TOOLS, active_drag: "xbox_zoom", title: null};
+    // only log is forced: "auto" gives a heat map's layer names a categorical axis
+    if (panel.y_log) { attrs.y_axis_type = "log"; }
     if (shared[panel.axis]) { attrs.x_range = shared[panel.axis]; }
     if (panel.y_range) { attrs.y_range = new Bokeh.Range1d({start: panel.y_range[0], end: panel.y_range[1]}); }
     for (var k in extra) { attrs[k] = extra[k]; }
