@@ -7,7 +7,6 @@ figures in Python took 2-3 s of CPU on the 2-core machines this runs on (mostly 
 longer than the whole report is allowed, and the trainer refreshes the report during training. Here Python only
 thins the curves (downsample.minmax), so the page size and build time do not grow with the run's length.
 """
-import datetime
 import math
 import warnings
 
@@ -268,7 +267,9 @@ def telemetry_series(rd, key, factor):
     recs = [r for r in rd.telemetry if isinstance(r.get("time"), (int, float)) and "event" not in r]
     if not recs:
         return []
-    t0 = run_start(rd) or recs[0]["time"]
+    # minutes since the run's first sample: run_info's start_time is local time without a zone, which would
+    # shift the axis when the report is made under another time zone
+    t0 = min(r["time"] for r in recs)
     out = []
     host = [(r["time"], r[key]) for r in recs if isinstance(r.get(key), (int, float))]
     if host:
@@ -285,14 +286,6 @@ def telemetry_series(rd, key, factor):
     return out
 
 
-def run_start(rd):
-    start = rd.run.info.get("start_time")
-    try:
-        return datetime.datetime.fromisoformat(start).timestamp() if isinstance(start, str) else None
-    except ValueError:
-        return None
-
-
 def heat_grid(stats, kind, fld, log):
     """(names, steps, values[name, step]) of one statistic from stats.jsonl, at most HEATMAP_COLUMNS steps
     (a bucket of steps shows its largest value, so a spike in any of them stays visible)."""
@@ -300,8 +293,9 @@ def heat_grid(stats, kind, fld, log):
     for r in stats:
         v = r.get(fld)
         if r.get("kind") == kind and isinstance(v, (int, float)) and isinstance(r.get("step"), int):
-            names.setdefault(r.get("name", "?"), len(names))
-            cells[(r["name"], r["step"])] = float(v)
+            name = str(r.get("name", "?"))
+            names.setdefault(name, len(names))
+            cells[(name, r["step"])] = float(v)
     if not cells:
         return None
     steps = np.array(sorted({s for _, s in cells}), dtype=np.float64)

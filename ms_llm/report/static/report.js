@@ -23,7 +23,7 @@
     var p = plt.figure(attrs);
     if (panel.axis !== "heat" && !shared[panel.axis]) { shared[panel.axis] = p.x_range; }
     p.toolbar.logo = null;
-    p.xaxis.axis_label = panel.axis === "time" ? "minutes since the run started" : data.x_label;
+    p.xaxis.axis_label = panel.axis === "time" ? "minutes since the first telemetry sample" : data.x_label;
     return p;
   }
 
