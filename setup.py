@@ -15,7 +15,7 @@ setup(
     # tensorboard: the event-file writer (monitor.tensorboard); dev adds TensorBoard itself, whose
     # EventAccumulator the tests read the files back with
     # dev: pytest and every optional extra the tests exercise, so that no test is skipped for a missing package
-    extras_require={"dev": ["pytest", "tokenizers", "tensorboardX>=2.6", "tensorboard"], "hf": ["tokenizers"],
-                    "tensorboard": ["tensorboardX>=2.6"]},
+    extras_require={"dev": ["pytest", "tokenizers", "sentencepiece", "tensorboardX>=2.6", "tensorboard"],
+                    "hf": ["tokenizers"], "sentencepiece": ["sentencepiece"], "tensorboard": ["tensorboardX>=2.6"]},
     entry_points={"console_scripts": ["ms-llm=ms_llm.cli:main"]},
 )

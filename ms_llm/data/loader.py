@@ -1,20 +1,25 @@
 """Read packed samples from MindRecord as micro-batches for one rank.
 
 The global sample stream is the concatenation of epochs, each a permutation of the split drawn from
-(seed, epoch). Global batch k is stream positions [k*G, (k+1)*G). Rank r of `dp` reads the positions
-p with p % dp == r, the same interleaving MindDataset's own `num_shards`/`shard_id` sharding uses, but
-computed here so that:
+(seed, epoch) (see permutation.py). Global batch k is stream positions [k*G, (k+1)*G). Rank r of `dp` reads
+the positions p with p % dp == r, the same interleaving MindDataset's own `num_shards`/`shard_id` sharding
+uses, but computed here so that:
   * global batch k holds the same samples whatever the number of ranks;
   * resuming at any sample count is exact (no sample repeated or skipped) without reading the skipped ones;
   * epochs join seamlessly (a micro-batch may span two epochs).
-The indices are handed to `MindDataset` through a `SubsetSampler`, so reading and batching stay in
-MindSpore's C++ pipeline.
+With `data.blend`, the stream interleaves several datasets instead (see blend.py); the position is still one
+number. The indices are handed to `MindDataset` (over all shard files of the split, in manifest order)
+through a `SubsetSampler`, one bounded chunk at a time, so start-up time and memory do not grow with the
+dataset, and reading and batching stay in MindSpore's C++ pipeline.
 """
 import os
 
 import numpy as np
 
-MAX_CHUNK = 1 << 20  # rank samples per MindDataset pipeline (~4 MiB of indices)
+from ms_llm.data.manifest import split_shards
+from ms_llm.data.permutation import Permutation
+
+MAX_CHUNK = 1 << 16  # rank samples per MindDataset pipeline: ~0.1 s to start, a few MB of indices
 
 
 def check_token_ids(batch, vocab_size):
@@ -30,41 +35,81 @@ def check_token_ids(batch, vocab_size):
 
 
 def epoch_permutation(seed, epoch, n):
-    return np.random.default_rng([seed, epoch]).permutation(n)
+    return Permutation(n, (seed,))(epoch, np.arange(n))
+
+
+class SplitIndex:
+    """A split's samples as indices into the concatenation of its files (what MindDataset numbers).
+
+    Usually the identity; a split that is part of a file (an adopted dataset's validation tail) is an
+    offset into it."""
+
+    def __init__(self, dataset_dir, shards, base=0):
+        self.files, first, seen = [], {}, {}
+        offset = base
+        for s in shards:
+            if s["file"] not in seen:
+                seen[s["file"]] = offset
+                self.files.append(os.path.join(dataset_dir, s["file"]))
+                offset += s["file_samples"]
+            first.setdefault(s["file"], seen[s["file"]])
+        self.end = offset  # next free global index after these files
+        self.starts = np.cumsum([0] + [s["samples"] for s in shards])[:-1]
+        self.globals = np.array([seen[s["file"]] + s["start"] for s in shards], np.int64)
+        self.num_samples = int(sum(s["samples"] for s in shards))
+
+    def __call__(self, local):
+        part = np.searchsorted(self.starts, local, side="right") - 1
+        return self.globals[part] + (local - self.starts[part])
 
 
 class RankStream:
     """Sample indices of rank `rank` at its stream positions q (global position q*dp + rank)."""
 
-    def __init__(self, num_samples, dp, rank, seed, shuffle=True):
-        self.n, self.dp, self.rank, self.seed, self.shuffle = num_samples, dp, rank, seed, shuffle
-        self._perms = {}
+    def __init__(self, num_samples, dp, rank, seed, shuffle=True, key=None):
+        self.n, self.dp, self.rank = num_samples, dp, rank
+        self.perm = Permutation(num_samples, key or (seed,), shuffle)
 
-    def _perm(self, epoch):
-        if not self.shuffle:
-            return None
-        if epoch not in self._perms:
-            if len(self._perms) > 2:
-                self._perms.pop(min(self._perms))
-            self._perms[epoch] = epoch_permutation(self.seed, epoch, self.n)
-        return self._perms[epoch]
+    def positions(self, q0, q1):
+        return np.arange(q0, q1, dtype=np.int64) * self.dp + self.rank
 
-    def indices(self, q0, q1):
-        p = np.arange(q0, q1, dtype=np.int64) * self.dp + self.rank
+    def at(self, p):
+        """Samples at global stream positions p (epochs of n samples, each its own permutation)."""
         epochs, pos = p // self.n, p % self.n
-        if not self.shuffle:
-            return pos
         out = np.empty_like(pos)
         for e in np.unique(epochs):
             sel = epochs == e
-            out[sel] = self._perm(int(e))[pos[sel]]
+            out[sel] = self.perm(int(e), pos[sel])
         return out
 
+    def indices(self, q0, q1):
+        return self.at(self.positions(q0, q1))
 
-def make_dataset(file, indices, micro_batch, num_workers=1):
+
+class SplitStream:
+    """One dataset's split: files for MindDataset and the global indices of this rank's stream positions."""
+
+    def __init__(self, dataset_dir, manifest, split, dp, rank, seed, shuffle):
+        index = SplitIndex(dataset_dir, split_shards(manifest, split))
+        self.files, self.num_samples, self._index = index.files, index.num_samples, index
+        self._stream = RankStream(index.num_samples, dp, rank, seed, shuffle)
+
+    def indices(self, q0, q1):
+        return self._index(self._stream.indices(q0, q1))
+
+
+def open_stream(dataset_dir, manifest, split, dp, rank, seed, shuffle):
+    if manifest.get("blend"):
+        from ms_llm.data.blend import BlendStream
+
+        return BlendStream(manifest, split, dp, rank, seed, shuffle)
+    return SplitStream(dataset_dir, manifest, split, dp, rank, seed, shuffle)
+
+
+def make_dataset(files, indices, micro_batch, num_workers=1):
     import mindspore.dataset as ds
 
-    data = ds.MindDataset(file, columns_list=["input_ids"], sampler=ds.SubsetSampler(indices.tolist()),
+    data = ds.MindDataset(list(files), columns_list=["input_ids"], sampler=ds.SubsetSampler(indices.tolist()),
                           num_parallel_workers=num_workers)
     return data.batch(micro_batch, drop_remainder=True)
 
@@ -78,12 +123,11 @@ class TrainBatches:
 
     def __init__(self, dataset_dir, manifest, split, micro_batch, dp=1, rank=0, seed=0, seq_length=None,
                  consumed=0, shuffle=True, num_workers=1):
-        self.file = os.path.join(dataset_dir, manifest["splits"][split]["file"])
-        self.num_samples = manifest["splits"][split]["samples"]
+        self.stream = open_stream(dataset_dir, manifest, split, dp, rank, seed, shuffle)
+        self.files, self.num_samples = self.stream.files, self.stream.num_samples
         self.micro_batch, self.dp, self.num_workers = micro_batch, dp, num_workers
         self.width = (seq_length or manifest["seq_length"]) + 1
-        self.stream = RankStream(self.num_samples, dp, rank, seed, shuffle)
-        self.chunk = min(MAX_CHUNK, max(1, self.num_samples // (dp * micro_batch)) * micro_batch)
+        self.chunk = max(1, min(MAX_CHUNK // micro_batch, self.num_samples // (dp * micro_batch))) * micro_batch
         self.wait_s = 0.0  # time the trainer spent waiting for batches (accumulated by the session)
         self.seek(consumed)  # this rank's stream position
 
@@ -104,7 +148,7 @@ class TrainBatches:
 
     def _next_chunk(self):
         idx = self.stream.indices(self.q, self.q + self.chunk)
-        self._it = make_dataset(self.file, idx, self.micro_batch, self.num_workers).create_tuple_iterator(
+        self._it = make_dataset(self.files, idx, self.micro_batch, self.num_workers).create_tuple_iterator(
             num_epochs=1, output_numpy=True)
         self._left = self.chunk // self.micro_batch
 
@@ -129,14 +173,14 @@ def eval_batches(dataset_dir, manifest, micro_batch, num_batches, dp=1, rank=0, 
     """This rank's micro-batches of the first `num_batches` global validation batches (sequential, no shuffle).
 
     A global batch is micro_batch * accum * dp samples, so the validation set is the same whatever the
-    number of ranks. Capped at the size of the split; returned as a list so every evaluation sees the
-    same batches.
+    number of ranks. Capped at the size of the split (for a blend: so that no dataset's validation samples
+    repeat); returned as a list so every evaluation sees the same batches.
     """
-    n = manifest["splits"]["val"]["samples"]
+    it = TrainBatches(dataset_dir, manifest, "val", micro_batch, dp, rank, seq_length=seq_length,
+                      shuffle=False, num_workers=num_workers)
+    n = getattr(it.stream, "distinct_samples", it.num_samples)
     num_batches = min(num_batches, n // (micro_batch * accum * dp))
     if num_batches == 0:
         return []
-    it = TrainBatches(dataset_dir, manifest, "val", micro_batch, dp, rank, seq_length=seq_length,
-                      shuffle=False, num_workers=num_workers)
     it.chunk = num_batches * accum * micro_batch
     return [next(it) for _ in range(num_batches * accum)]

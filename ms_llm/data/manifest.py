@@ -1,20 +1,45 @@
-"""The dataset manifest: what a preprocessed folder holds and how it was made."""
+"""The dataset manifest: what a preprocessed folder holds and how it was made.
+
+Schema 2 lists every shard of a split with its sample count, size and SHA-256 (and those of its `.db`
+index). Opening a dataset checks sizes every time (a truncated file is caught in milliseconds) and checksums
+the first time a dataset is used, caching the result per file (size + modification time), so a damaged file
+is refused before training with one paragraph instead of MindSpore's pipeline traceback. Schema 1 (one file
+per split, no checksums) is still read.
+"""
+import hashlib
 import json
 import os
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import atomic_write_bytes
 
 MANIFEST = "manifest.json"
-SCHEMA_VERSION = 1
-SPLIT_FILES = {"train": "train.mindrecord", "val": "val.mindrecord"}
+SCHEMA_VERSION = 2
+READABLE_SCHEMAS = (1, 2)
 REQUIRED = ("schema_version", "seq_length", "tokenizer", "vocab_size", "splits")
+VERIFIED = ".verified.json"
+HASH_BLOCK = 1 << 22
 
 
 def has_manifest(dataset_dir):
     return os.path.isfile(os.path.join(dataset_dir, MANIFEST))
 
 
-def load_manifest(dataset_dir):
+def load_manifest(dataset_dir, blend=None, verify=True, log=None):
+    """The manifest of `dataset_dir` after checking its files; with `blend` (data.blend), the combined
+    manifest of the blended datasets (see ms_llm.data.blend), whatever `dataset_dir` is."""
+    if blend:
+        from ms_llm.data.blend import load_blend
+
+        return load_blend(blend, verify=verify, log=log)
+    manifest = read_manifest(dataset_dir)
+    check_files(dataset_dir, manifest)
+    if verify:
+        verify_checksums(dataset_dir, manifest, log)
+    return manifest
+
+
+def read_manifest(dataset_dir):
     path = os.path.join(dataset_dir, MANIFEST)
     if not os.path.isfile(path):
         raise UserError(f"no dataset in '{dataset_dir}' (manifest.json missing). Run `ms-llm preprocess --input "
@@ -24,16 +49,115 @@ def load_manifest(dataset_dir):
             manifest = json.load(f)
     except (OSError, json.JSONDecodeError) as e:
         raise UserError(f"'{path}' cannot be read as JSON ({e}). Re-run preprocessing into a new folder.") from None
-    missing = [k for k in REQUIRED if k not in manifest]
-    if missing:
+    if not isinstance(manifest, dict) or any(k not in manifest for k in REQUIRED):
+        missing = [k for k in REQUIRED if not isinstance(manifest, dict) or k not in manifest]
         raise UserError(f"'{path}' lacks {', '.join(missing)}: it was not written by `ms-llm preprocess`. "
                         f"Re-run preprocessing.")
-    if manifest["schema_version"] != SCHEMA_VERSION:
+    if manifest["schema_version"] not in READABLE_SCHEMAS:
         raise UserError(f"'{path}' has schema_version {manifest['schema_version']}, this ms_llm reads "
-                        f"{SCHEMA_VERSION}. Re-run preprocessing with this version.")
-    for name, split in manifest["splits"].items():
-        f = os.path.join(dataset_dir, split["file"])
-        if not os.path.isfile(f) or not os.path.isfile(f + ".db"):
-            raise UserError(f"dataset '{dataset_dir}': the {name} split file '{split['file']}' (or its .db index) is "
-                            f"missing. Re-run preprocessing.")
+                        f"{', '.join(map(str, READABLE_SCHEMAS))}. Re-run preprocessing with this version.")
     return manifest
+
+
+def split_shards(manifest, split):
+    """The shards of a split as dicts with file, samples, start (first sample of the file that belongs to the
+    split) and file_samples (samples in the whole file)."""
+    entry = manifest["splits"][split]
+    if "shards" not in entry:  # schema 1: one file per split
+        return [{"file": entry["file"], "samples": entry["samples"], "start": 0, "file_samples": entry["samples"]}]
+    return [dict(s, start=s.get("start", 0), file_samples=s.get("file_samples", s["samples"]))
+            for s in entry["shards"]]
+
+
+def dataset_files(manifest):
+    """Every data file of the dataset once, with its manifest entry (the splits may share a file)."""
+    seen = {}
+    for split in manifest["splits"]:
+        for s in split_shards(manifest, split):
+            seen.setdefault(s["file"], s)
+    return seen
+
+
+def check_files(dataset_dir, manifest):
+    """Every file exists with the size the manifest recorded."""
+    for name, s in dataset_files(manifest).items():
+        f = os.path.join(dataset_dir, name)
+        if not os.path.isfile(f) or not os.path.isfile(f + ".db"):
+            raise UserError(f"dataset '{dataset_dir}': the file '{name}' (or its .db index) is missing. Re-run "
+                            f"preprocessing, or restore the file.")
+        for path, key in ((f, "bytes"), (f + ".db", "db_bytes")):
+            want = s.get(key)
+            if want is not None and os.path.getsize(path) != want:
+                got = os.path.getsize(path)
+                what = "truncated" if got < want else "longer than written"
+                raise UserError(f"dataset '{dataset_dir}': '{os.path.basename(path)}' is {got:,} bytes but "
+                                f"manifest.json records {want:,}: the file is {what} (an interrupted copy or a "
+                                f"full disk?). Copy it again or re-run preprocessing; training would fail reading "
+                                f"it.")
+
+
+def verify_checksums(dataset_dir, manifest, log=None):
+    """SHA-256 of every file against the manifest, once per file version (size + mtime), cached."""
+    cache_path, cache = _load_cache(dataset_dir)
+    todo = []
+    for name, s in dataset_files(manifest).items():
+        for fname, key in ((name, "sha256"), (name + ".db", "db_sha256")):
+            want = s.get(key)
+            if not want:
+                continue
+            path = os.path.join(dataset_dir, fname)
+            st = os.stat(path)
+            mark = [st.st_size, st.st_mtime_ns, want]
+            if cache.get(fname) != mark:
+                todo.append((fname, path, want, mark))
+    if not todo:
+        return
+    total = sum(m[0] for _, _, _, m in todo)
+    progress = None
+    if total > (256 << 20):
+        from ms_llm.data.progress import Progress
+
+        progress = Progress(total, f"verifying '{dataset_dir}'", log or print)
+    try:
+        for fname, path, want, mark in todo:
+            got = _sha256(path, progress)
+            if got != want:
+                raise UserError(f"dataset '{dataset_dir}': '{fname}' does not match manifest.json (SHA-256 {got[:16]}… "
+                                f"instead of {want[:16]}…): it was altered or corrupted after it was written. Restore "
+                                f"it from a good copy or re-run preprocessing; nothing was trained on it.")
+            cache[fname] = mark
+    finally:
+        if progress is not None:
+            progress.close()
+        _save_cache(cache_path, cache)
+
+
+def _sha256(path, progress):
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(HASH_BLOCK), b""):
+            h.update(block)
+            if progress is not None:
+                progress.update(len(block))
+    return h.hexdigest()
+
+
+def _load_cache(dataset_dir):
+    """The verification cache lives in the dataset folder, or in ~/.cache/ms_llm when that is read-only."""
+    path = os.path.join(dataset_dir, VERIFIED)
+    if not os.access(dataset_dir, os.W_OK):
+        key = hashlib.sha1(os.path.abspath(dataset_dir).encode()).hexdigest()[:16]
+        path = os.path.join(os.path.expanduser("~"), ".cache", "ms_llm", "verified", f"{key}.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return path, json.load(f)
+    except (OSError, ValueError):
+        return path, {}
+
+
+def _save_cache(path, cache):
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        atomic_write_bytes(path, json.dumps(cache).encode())
+    except OSError:
+        pass  # a cache that cannot be written only means checking again next time

@@ -1,11 +1,22 @@
-"""Text / JSONL → tokens → documents joined by an end-of-document token → packed samples of
-`seq_length + 1` int32 tokens → MindRecord (train and val) + `manifest.json`.
+"""Corpus files → tokens → documents joined by an end-of-document token → packed samples of `seq_length + 1`
+int32 tokens → sharded MindRecord (train and val) + `manifest.json`.
 
-Sample i holds tokens [i*T, i*T + T + 1): consecutive samples overlap by one token so that every token
-of the split is a prediction target exactly once. The validation split is the last `val_fraction` of the
-token stream (as nanoGPT does), so train and val never share text.
+Streaming: documents are read chunk by chunk, tokenized by `workers` processes, packed and written while the
+rest of the corpus is still being read, so memory does not grow with the corpus. Results are consumed in
+input order, so the files are byte-identical whatever the number of workers.
+
+Train/validation split:
+  * many documents: a document goes to validation when a hash of its text falls in the lowest `val_fraction`
+    of the hash range, so adding files never moves a document from one split to the other (and exact
+    duplicates land in the same split);
+  * a single document (one text file, like the quickstart's sample): the last `val_fraction` of its tokens,
+    as nanoGPT does, so train and val never share text.
+
+Everything is written into a temporary folder next to `output_dir` and moved into place when complete: an
+error, Ctrl-C or a full disk leaves the previous dataset (if any) untouched and no partial one behind.
 """
 import datetime
+import errno
 import json
 import os
 import shutil
@@ -13,130 +24,307 @@ import tempfile
 
 import numpy as np
 
-from ms_llm.data.manifest import MANIFEST, SCHEMA_VERSION, SPLIT_FILES
-from ms_llm.data.tokenizers import build_tokenizer
+from ms_llm.data import encode
+from ms_llm.data.manifest import MANIFEST, SCHEMA_VERSION
+from ms_llm.data.progress import Progress
+from ms_llm.data.shards import DEFAULT_SHARD_MB, Packer, ShardWriter, pack  # noqa: F401  (pack: public API)
+from ms_llm.data.sources import Source, expand_inputs, is_jsonl
+from ms_llm.data.stats import SplitStats
+from ms_llm.data.tokenizers import CharTokenizer, build_tokenizer
+from ms_llm.data.workers import default_workers, ordered_map
 from ms_llm.errors import UserError
-from ms_llm.fileio import sha256_file
 
-WRITE_CHUNK = 8192  # samples per write_raw_data call
-SMALL = 1 << 30
-
-
-def read_documents(path, text_field="text"):
-    """A list of document strings: a JSONL file gives one per line, any other file is one document."""
-    if not os.path.isfile(path):
-        raise UserError(f"data source '{path}' does not exist. Set data.source (or --input) to a text or JSONL file.")
-    try:
-        with open(path, encoding="utf-8") as f:
-            content = f.read()
-    except UnicodeDecodeError as e:
-        raise UserError(f"data source '{path}' is not UTF-8 text (byte {e.start}). Convert it to UTF-8 first.") from None
-    except OSError as e:
-        raise UserError(f"data source '{path}' cannot be read ({e.strerror}). Check its permissions.") from None
-    if not path.endswith((".jsonl", ".json")):
-        return [content] if content.strip() else []
-    docs = []
-    for n, line in enumerate(content.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"data source '{path}' line {n} is not valid JSON ({e.msg}). Each line of a JSONL file "
-                            f"must be one object such as {{\"{text_field}\": \"...\"}}.") from None
-        if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-            raise UserError(f"data source '{path}' line {n} has no string field '{text_field}'. Set data.text_field "
-                            f"(or --text-field) to the key that holds the text.")
-        if record[text_field]:
-            docs.append(record[text_field])
-    return docs
+SMALL_INPUT = 4 << 20  # below this many bytes, tokenize in this process: starting workers would cost more
+SPLITS = ("train", "val")
+TAIL_READ = 1 << 22  # tokens per read when packing a single document's token file
 
 
-def pack(tokens, seq_length):
-    """Samples of seq_length+1 tokens with stride seq_length (the last partial one is dropped)."""
-    n = (len(tokens) - 1) // seq_length
-    if n <= 0:
-        return np.zeros((0, seq_length + 1), np.int32)
-    windows = np.lib.stride_tricks.sliding_window_view(tokens[: n * seq_length + 1], seq_length + 1)
-    return np.ascontiguousarray(windows[::seq_length], dtype=np.int32)
-
-
-def write_mindrecord(path, samples):
-    from mindspore.mindrecord import FileWriter
-
-    writer = FileWriter(path, shard_num=1, overwrite=True)
-    if samples.nbytes < SMALL:  # the 32 MiB page + 16 MiB header defaults pad a small split to 50 MB on disk
-        writer.set_page_size(1 << 20)
-        writer.set_header_size(1 << 20)
-    writer.add_schema({"input_ids": {"type": "int32", "shape": [samples.shape[1]]}}, "packed_tokens")
-    for start in range(0, len(samples), WRITE_CHUNK):
-        writer.write_raw_data([{"input_ids": row} for row in samples[start:start + WRITE_CHUNK]])
-    writer.commit()
+class _SingleDocument(Exception):
+    """A multi-file or JSONL source turned out to hold one document: redo it with the token-tail split."""
 
 
 def preprocess(source, output_dir, seq_length, tokenizer="char", val_fraction=0.1, text_field="text",
-               overwrite=False, log=print):
+               overwrite=False, log=print, workers=None, skip_bad=False, shard_mb=DEFAULT_SHARD_MB):
     """Build the dataset in a temporary folder next to `output_dir`, then move it into place.
 
-    An existing dataset is only replaced when `overwrite` is set, and only after the new one is complete.
-    Returns the manifest dict.
+    `source`: a path, folder or glob, or a list of them. An existing dataset is only replaced when
+    `overwrite` is set, and only after the new one is complete. Returns the manifest dict.
     """
     if os.path.exists(os.path.join(output_dir, MANIFEST)) and not overwrite:
         raise UserError(f"'{output_dir}' already holds a dataset (manifest.json). Choose another output folder, "
                         f"or pass --overwrite to replace it.")
-    docs = read_documents(source, text_field)
-    if not docs:
-        raise UserError(f"data source '{source}' holds no text (empty file or no non-empty '{text_field}' fields). "
-                        f"Point data.source at a corpus with content.")
-    tok = build_tokenizer(tokenizer, docs)
-    parts = []
-    for d in docs:
-        parts.append(tok.encode(d))
-        parts.append(np.array([tok.eod_id], np.int32))
-    tokens = np.concatenate(parts)
-    n_val = int(round(len(tokens) * val_fraction))
-    splits = {"train": tokens[: len(tokens) - n_val], "val": tokens[len(tokens) - n_val:]}
-    samples = {name: pack(toks, seq_length) for name, toks in splits.items()}
-    for name, s in samples.items():
-        if len(s) == 0:
-            raise UserError(f"data source '{source}' is too short: its {name} split has {len(splits[name])} tokens, "
-                            f"fewer than one sample of seq_length + 1 = {seq_length + 1}. Use a longer corpus, a "
-                            f"smaller model.seq_length, or a different data.val_fraction.")
+    files = expand_inputs(source)
+    workers = default_workers() if workers is None else max(1, int(workers))
+    total = sum(os.path.getsize(f) for f in files)
+    job = Job(files, output_dir, seq_length, tokenizer, val_fraction, text_field, skip_bad, shard_mb << 20,
+              0 if total < SMALL_INPUT else workers, log)
     parent = os.path.dirname(os.path.abspath(output_dir)) or "."
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".preprocess-", dir=parent)
+    remove_stale_temps(parent, os.path.basename(os.path.abspath(output_dir)))
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(os.path.abspath(output_dir))}.preprocess-{os.getpid()}-",
+                           dir=parent)
     os.chmod(tmp, 0o755)
     try:
-        for name, s in samples.items():
-            write_mindrecord(os.path.join(tmp, SPLIT_FILES[name]), s)
-        manifest = {
+        try:
+            manifest = job.run(tmp, tail=len(files) == 1 and not is_jsonl(files[0]))
+        except _SingleDocument:
+            for name in os.listdir(tmp):
+                os.remove(os.path.join(tmp, name))
+            manifest = job.run(tmp, tail=True)
+        except OSError as e:
+            raise disk_error(e, tmp, output_dir) from None
+        except RuntimeError as e:  # MindRecord's writer reports a full disk as a RuntimeError
+            if shutil.disk_usage(tmp).free < (64 << 20):
+                raise disk_error(OSError(errno.ENOSPC, str(e)), tmp, output_dir) from None
+            raise
+        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+            json.dump(manifest, f, indent=1)
+        move_into_place(tmp, output_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    tr, va = manifest["splits"]["train"], manifest["splits"]["val"]
+    log(f"preprocessed {describe_inputs(files)}: {manifest['source']['documents']:,} document(s), "
+        f"{tr['tokens'] + va['tokens']:,} tokens, vocab {manifest['vocab_size']} ({manifest['tokenizer']['kind']}) "
+        f"→ {tr['samples']:,} train / {va['samples']:,} val samples of {seq_length + 1} tokens in '{output_dir}'"
+        + (f" ({manifest['bad_lines']:,} bad line(s) skipped)" if manifest.get("bad_lines") else "")
+        + (f" in {manifest['seconds']:.1f} s" if manifest.get("seconds", 0) >= 1 else ""))
+    return manifest
+
+
+class Job:
+    def __init__(self, files, output_dir, seq_length, tokenizer, val_fraction, text_field, skip_bad, shard_bytes,
+                 workers, log):
+        self.files, self.output_dir, self.T = files, output_dir, seq_length
+        self.tokenizer_name, self.val_fraction, self.text_field = tokenizer, val_fraction, text_field
+        self.skip_bad, self.shard_bytes, self.workers, self.log = skip_bad, shard_bytes, workers, log
+        self.bad_examples, self.nbad = [], 0
+
+    # -- reading -------------------------------------------------------------------------------------------
+    def chunks(self, sources):
+        for i, s in enumerate(sources):
+            yield from s.chunks(i)
+
+    def encoded(self, sources, spec, chars_only=False, progress=None):
+        """(chunk, Encoded) in input order; bad documents are raised or counted here."""
+        args = (spec, self.text_field, self.val_fraction, chars_only)
+        results = ordered_map(encode.encode_chunk, self.chunks(sources), self.workers, encode.init_worker, args)
+        try:
+            for chunk, enc in results:
+                if enc.nbad:
+                    self.record_bad(sources[chunk.file_index].path, enc, chars_only)
+                if progress is not None:
+                    progress.update(chunk.progress, len(enc.lengths), len(enc.tokens))
+                yield chunk, enc
+        finally:
+            results.close()  # stop the workers now, not when the traceback is freed
+
+    def record_bad(self, path, enc, counted_already):
+        line, offset, reason = enc.bad[0]
+        where = f"line {line}" if line else f"byte offset {offset:,}"
+        if offset is not None and line:
+            where += f" (byte offset {offset:,})"
+        if not self.skip_bad:
+            raise UserError(f"data source '{path}' {where} {reason}. "
+                            + (f"Each line of a JSONL file must be one object such as {{\"{self.text_field}\": "
+                               f"\"...\"}} (set --text-field / data.text_field to the key that holds the text). "
+                               if line else "Convert the file to UTF-8. ")
+                            + "Or pass --skip-bad to count and skip such lines.")
+        if counted_already:
+            return  # the vocabulary pass sees the same bad lines as the tokenizing pass: count them once
+        self.nbad += enc.nbad
+        for line, offset, reason in enc.bad:
+            if len(self.bad_examples) < encode.MAX_REPORTED:
+                self.bad_examples.append(f"{path}:{line or 'offset ' + format(offset, ',')}: {reason}")
+
+    def build_tokenizer(self, sources):
+        if self.tokenizer_name != "char":
+            tok = build_tokenizer(self.tokenizer_name)
+            probe = first_text(sources[0].path, self.text_field)
+            problem = getattr(tok, "round_trip_problem", lambda _: None)(probe)
+            if problem:
+                self.log(f"warning: {problem}")
+            return tok
+        chars = set()
+        for _, enc in self.encoded(sources, None, chars_only=True):
+            chars.update(enc.chars)
+        return CharTokenizer(sorted(chars))
+
+    # -- one run -------------------------------------------------------------------------------------------
+    def run(self, tmp, tail):
+        sources = [Source(f) for f in self.files]
+        self.bad_examples, self.nbad = [], 0
+        tok = self.build_tokenizer(sources)
+        stats = {s: SplitStats(tok.vocab_size) for s in SPLITS}
+        progress = Progress(sum(s.size for s in sources), "preprocess", self.log)
+        try:
+            if tail:
+                shards, documents = self.run_tail(tmp, tok, sources, stats, progress)
+            else:
+                shards, documents = self.run_hashed(tmp, tok, sources, stats, progress)
+        finally:
+            seconds = progress.close()
+        if documents == 0:
+            raise UserError(f"data source {describe_inputs(self.files)} holds no text (empty files or no non-empty "
+                            f"'{self.text_field}' fields). Point data.source at a corpus with content.")
+        for name in SPLITS:
+            if not shards[name]:
+                st = stats[name]
+                why = "" if tail else (f" (documents go to validation by a hash of their text; {documents:,} "
+                                       f"document(s) with val_fraction {self.val_fraction} left this split almost "
+                                       f"empty)")
+                raise UserError(f"data source {describe_inputs(self.files)} is too short: its {name} split has "
+                                f"{st.tokens} tokens{why}, fewer than one sample of seq_length + 1 = {self.T + 1}. "
+                                f"Use a longer corpus, a smaller model.seq_length, or a different data.val_fraction.")
+        if self.nbad:
+            self.log(f"skipped {self.nbad:,} bad line(s) (--skip-bad); the first: " + "; ".join(self.bad_examples[:5]))
+        return self.manifest(tok, sources, stats, shards, documents, tail, seconds)
+
+    def run_hashed(self, tmp, tok, sources, stats, progress):
+        writers = {s: ShardWriter(tmp, s, self.T + 1, self.shard_bytes) for s in SPLITS}
+        packers = {s: Packer(self.T) for s in SPLITS}
+        documents, doc_val, doc_len = 0, False, 0
+        for chunk, enc in self.encoded(sources, tok.spec(), progress=progress):
+            if chunk.jsonl:
+                piece_val = enc.val
+                documents += len(enc.lengths)
+                for name, sel in (("train", ~enc.val), ("val", enc.val)):
+                    stats[name].add_documents(enc.lengths[sel])
+            elif len(enc.lengths):  # a text segment: its document's split was decided at its first segment
+                if chunk.doc_start:
+                    doc_val, doc_len = bool(enc.val[0]), 0
+                    documents += 1
+                piece_val = np.array([doc_val])
+                doc_len += int(enc.lengths[0])
+                if chunk.doc_end:
+                    stats["val" if doc_val else "train"].add_documents([doc_len])
+            else:
+                continue
+            span = enc.lengths + (1 if chunk.jsonl or chunk.doc_end else 0)
+            mask = np.repeat(piece_val, span)
+            for name, sel in (("train", ~mask), ("val", mask)):
+                toks = enc.tokens[sel] if not sel.all() else enc.tokens
+                if len(toks):
+                    stats[name].add_tokens(toks)
+                    writers[name].write(packers[name].add(toks))
+        if documents == 1:
+            raise _SingleDocument()
+        return {s: w.close() for s, w in writers.items()}, documents
+
+    def run_tail(self, tmp, tok, sources, stats, progress):
+        """One document: its tokens go to a scratch file, then the last val_fraction of them is validation."""
+        path = os.path.join(tmp, "tokens.tmp")
+        documents, length = 0, 0
+        with open(path, "wb") as f:
+            for chunk, enc in self.encoded(sources, tok.spec(), progress=progress):
+                if len(enc.lengths):
+                    documents += len(enc.lengths) if chunk.jsonl else int(chunk.doc_start)
+                    length += int(enc.lengths.sum())
+                    f.write(enc.tokens.tobytes())
+        n = os.path.getsize(path) // 4
+        n_val = int(round(n * self.val_fraction))
+        bounds = {"train": (0, n - n_val), "val": (n - n_val, n)}
+        shards = {}
+        for name, (lo, hi) in bounds.items():
+            writer, packer = ShardWriter(tmp, name, self.T + 1, self.shard_bytes), Packer(self.T)
+            for start in range(lo, hi, TAIL_READ):
+                toks = np.fromfile(path, np.int32, count=min(TAIL_READ, hi - start), offset=4 * start)
+                stats[name].add_tokens(toks)
+                writer.write(packer.add(toks))
+            shards[name] = writer.close()
+        stats["train"].add_documents([length] if documents else [])
+        for name in SPLITS:  # both splits hold part of the same document
+            stats[name].documents = documents
+        os.remove(path)
+        return shards, documents
+
+    def manifest(self, tok, sources, stats, shards, documents, tail, seconds):
+        splits = {}
+        for name in SPLITS:
+            s = stats[name].to_dict()
+            splits[name] = {"samples": sum(x["samples"] for x in shards[name]), "tokens": s["tokens"],
+                            "documents": s["documents"], "shards": shards[name]}
+        files = [{"path": os.path.abspath(s.path), "bytes": s.size, "sha256": s.sha256} for s in sources]
+        source = dict(files[0], documents=documents) if len(files) == 1 else {
+            "files": len(files), "bytes": sum(f["bytes"] for f in files), "documents": documents}
+        return {
             "schema_version": SCHEMA_VERSION,
-            "seq_length": seq_length,
-            "sample_length": seq_length + 1,
+            "seq_length": self.T,
+            "sample_length": self.T + 1,
             "tokenizer": tok.spec(),
             "vocab_size": tok.vocab_size,
             "eod_id": tok.eod_id,
-            "max_token_id": int(tokens.max()),
-            "splits": {name: {"file": SPLIT_FILES[name], "samples": int(len(s)), "tokens": int(len(splits[name]))}
-                       for name, s in samples.items()},
-            "source": {"path": os.path.abspath(source), "sha256": sha256_file(source),
-                       "bytes": os.path.getsize(source), "documents": len(docs)},
-            "val_fraction": val_fraction,
+            "max_token_id": max(st.max_id for st in stats.values()),
+            "splits": splits,
+            "split_method": "token tail of a single document" if tail else "documents by hash",
+            "stats": {name: {k: v for k, v in stats[name].to_dict().items() if k not in ("documents", "tokens")}
+                      for name in SPLITS},
+            "source": source,
+            "sources": files,
+            "val_fraction": self.val_fraction,
+            "text_field": self.text_field,
+            "bad_lines": self.nbad,
+            "seconds": round(seconds, 2),
             "created": datetime.datetime.now().isoformat(timespec="seconds"),
         }
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
-        if os.path.exists(output_dir):
-            old = output_dir.rstrip("/") + ".old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(output_dir, old)
-            os.replace(tmp, output_dir)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, output_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    log(f"preprocessed '{source}': {len(docs)} document(s), {len(tokens):,} tokens, vocab {tok.vocab_size} "
-        f"({tok.kind}) → {manifest['splits']['train']['samples']:,} train / {manifest['splits']['val']['samples']:,} "
-        f"val samples of {seq_length + 1} tokens in '{output_dir}'")
-    return manifest
+
+
+def first_text(path, text_field, limit=1 << 16):
+    """The beginning of the corpus's first document: the probe for the tokenizer round-trip check."""
+    import gzip
+
+    opener = gzip.open if path.endswith(".gz") else open
+    try:
+        with opener(path, "rb") as f:
+            head = f.read(limit).decode("utf-8", errors="replace")
+    except (OSError, EOFError):
+        return ""
+    if not is_jsonl(path):
+        return head
+    for line in head.split("\n"):
+        try:
+            value = json.loads(line).get(text_field)
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(value, str) and value:
+            return value
+    return ""
+
+
+def describe_inputs(files):
+    return f"'{files[0]}'" if len(files) == 1 else f"{len(files)} files ('{files[0]}', ...)"
+
+
+def move_into_place(tmp, output_dir):
+    if os.path.exists(output_dir):
+        old = output_dir.rstrip("/") + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(output_dir, old)
+        os.replace(tmp, output_dir)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, output_dir)
+
+
+def remove_stale_temps(parent, base):
+    """Temporary folders of runs that were killed (kill -9, power loss): their process no longer exists."""
+    prefix = f".{base}.preprocess-"
+    for name in os.listdir(parent):
+        if not name.startswith(prefix):
+            continue
+        try:
+            pid = int(name[len(prefix):].split("-")[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+        except (ValueError, PermissionError):
+            continue
+
+
+def disk_error(e, tmp, output_dir):
+    if e.errno == errno.ENOSPC:
+        return UserError(f"the disk is full while writing the dataset for '{output_dir}' (in '{tmp}'). Nothing was "
+                         f"replaced: the partial dataset is removed and any existing '{output_dir}' is unchanged. "
+                         f"Free space (the dataset needs about 4 bytes per token plus a few MB per shard) or choose "
+                         f"another --output-dir, then run again.")
+    return UserError(f"writing the dataset for '{output_dir}' failed ({e.strerror or e}: {e.filename or tmp}). "
+                     f"Nothing was replaced. Check that the folder is writable, then run again.")

@@ -1,0 +1,121 @@
+"""Token stream → packed samples → MindRecord shard files.
+
+Sample i of a split holds tokens [i*T, i*T + T + 1): consecutive samples overlap by one token so that every
+token of the split is a prediction target exactly once. `Packer` does this on a stream (it keeps the at most
+T tokens that wait for the next sample), so packing a split chunk by chunk gives exactly `pack()` of the
+whole split.
+
+A split is written as shards of at most `shard_bytes` of samples: `train.mindrecord`, then
+`train.00001.mindrecord`, ... (the first shard's name does not depend on how many follow, so shards are
+written while the corpus is still being read; a MindRecord file cannot be renamed afterwards, its name is
+inside it). Rows are handed to MindRecord in groups whose size depends only on the sample length, which
+keeps the files byte-identical however the stream was chunked.
+"""
+import os
+
+import numpy as np
+
+from ms_llm.fileio import sha256_file
+
+DEFAULT_SHARD_MB = 256
+GROUP_BYTES = 8 << 20  # rows per write_raw_data call: at most 8192, at most 8 MiB
+
+
+def pack(tokens, seq_length):
+    """Samples of seq_length+1 tokens with stride seq_length (the last partial one is dropped)."""
+    n = (len(tokens) - 1) // seq_length
+    if n <= 0:
+        return np.zeros((0, seq_length + 1), np.int32)
+    windows = np.lib.stride_tricks.sliding_window_view(tokens[: n * seq_length + 1], seq_length + 1)
+    return np.ascontiguousarray(windows[::seq_length], dtype=np.int32)
+
+
+class Packer:
+    """pack() over a stream of token arrays."""
+
+    def __init__(self, seq_length):
+        self.T = seq_length
+        self.carry = np.zeros(0, np.int32)
+
+    def add(self, tokens):
+        buf = np.concatenate([self.carry, tokens]) if len(self.carry) else np.asarray(tokens, np.int32)
+        samples = pack(buf, self.T)
+        self.carry = buf[len(samples) * self.T:]
+        return samples
+
+
+def shard_name(split, k):
+    return f"{split}.mindrecord" if k == 0 else f"{split}.{k:05d}.mindrecord"
+
+
+def rows_per_group(sample_length):
+    return max(1, min(8192, GROUP_BYTES // (4 * sample_length)))
+
+
+class ShardWriter:
+    """Appends samples to a split's shards in `directory`; `close()` returns the manifest entries."""
+
+    def __init__(self, directory, split, sample_length, shard_bytes=DEFAULT_SHARD_MB << 20):
+        self.dir, self.split, self.width = directory, split, sample_length
+        self.per_shard = max(1, shard_bytes // (4 * sample_length))
+        self.group = rows_per_group(sample_length)
+        self.pending, self.npending = [], 0
+        self.shards, self.writer, self.in_shard = [], None, 0
+
+    def write(self, samples):
+        while len(samples):
+            room = self.per_shard - self.in_shard - self.npending
+            take = samples[:room]
+            self.pending.append(take)
+            self.npending += len(take)
+            samples = samples[room:]
+            while self.npending >= self.group or (self.in_shard + self.npending == self.per_shard and self.npending):
+                self._flush(min(self.group, self.npending))
+            if self.in_shard == self.per_shard:
+                self._finish_shard()
+
+    def _flush(self, n):
+        rows = np.concatenate(self.pending) if len(self.pending) > 1 else self.pending[0]
+        group, rest = rows[:n], rows[n:]
+        self.pending, self.npending = ([rest] if len(rest) else []), len(rest)
+        if self.writer is None:
+            self.writer = open_writer(os.path.join(self.dir, shard_name(self.split, len(self.shards))), self.width)
+        self.writer.write_raw_data([{"input_ids": row} for row in group])
+        self.in_shard += n
+
+    def _finish_shard(self):
+        if self.writer is None:
+            return
+        self.writer.commit()
+        name = shard_name(self.split, len(self.shards))
+        self.shards.append(describe_shard(self.dir, name, self.in_shard))
+        self.writer, self.in_shard = None, 0
+
+    def close(self):
+        while self.npending:
+            self._flush(min(self.group, self.npending))
+        self._finish_shard()
+        return self.shards
+
+    @property
+    def samples(self):
+        return sum(s["samples"] for s in self.shards) + self.in_shard + self.npending
+
+
+def open_writer(path, width):
+    from mindspore.mindrecord import FileWriter
+
+    writer = FileWriter(path, shard_num=1, overwrite=True)
+    # the 32 MiB page + 16 MiB header defaults would pad a small shard to 50 MB on disk
+    writer.set_page_size(1 << 20)
+    writer.set_header_size(1 << 20)
+    writer.add_schema({"input_ids": {"type": "int32", "shape": [width]}}, "packed_tokens")
+    return writer
+
+
+def describe_shard(directory, name, samples):
+    """A manifest entry: what `load_manifest` checks (sizes always, checksums on first use)."""
+    path = os.path.join(directory, name)
+    return {"file": name, "samples": int(samples), "bytes": os.path.getsize(path), "sha256": sha256_file(path),
+            "db_bytes": os.path.getsize(path + ".db"), "db_sha256": sha256_file(path + ".db")}
+
