@@ -2,7 +2,6 @@
 differences, golden files, and the refusals."""
 import json
 import math
-import os
 
 import pytest
 

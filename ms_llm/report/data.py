@@ -4,7 +4,6 @@ as numpy arrays on a chosen x axis.
 Runs made by older versions lack `time`, `ms_per_step` and event records; every accessor here returns an
 empty curve for a missing field instead of failing, so a report of an old run simply has fewer panels.
 """
-import math
 import os
 
 import numpy as np

@@ -12,16 +12,20 @@ CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline
        "font-src data:")
 
 STYLE = """
-body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1800px;padding:0 18px 40px;color:#222}
-h1{font-size:20px;margin:18px 0 4px}h2{font-size:16px;margin:26px 0 8px;border-bottom:1px solid #ddd;padding-bottom:3px}
+body{font:14px/1.45 system-ui,-apple-system,'Segoe UI',sans-serif;margin:0 auto;max-width:1800px;
+ padding:0 18px 40px;color:#222}
+h1{font-size:20px;margin:18px 0 4px}
+h2{font-size:16px;margin:26px 0 8px;border-bottom:1px solid #ddd;padding-bottom:3px}
 h3{font-size:13px;font-weight:600;margin:0 0 2px;color:#333}
 nav a{margin-right:12px;font-size:13px}.sub{color:#666;font-size:12px}
-table{border-collapse:collapse;font-size:12.5px;margin:4px 0 10px}td,th{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;font-size:12.5px;margin:4px 0 10px}
+td,th{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}
 th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:14px}
 .panel{border:1px solid #e4e4e4;border-radius:4px;padding:6px 8px;min-width:0}
 .wide{grid-column:1/-1}.note{color:#555;font-size:12.5px}
-.sev-error{color:#b00020;font-weight:600}.sev-warning{color:#b36b00;font-weight:600}.sev-info{color:#2a6f97;font-weight:600}
+.sev-error{color:#b00020;font-weight:600}.sev-warning{color:#b36b00;font-weight:600}
+.sev-info{color:#2a6f97;font-weight:600}
 details{margin:4px 0}summary{cursor:pointer}code{font-size:12px;background:#f6f6f6;padding:0 3px}
 """
 
@@ -123,7 +127,7 @@ def document(title, subtitle, sections, payload):
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<title>{esc(title)}</title><style>{STYLE}</style>{bokeh_js()}</head>'
             f'<body><h1>{esc(title)}</h1><div class="sub">{esc(subtitle)} · generated {esc(now)} by ms_llm '
-            f'(ms-llm report). Drag on a curve to zoom its steps (all curves follow), the toolbar’s reset button restores; '
-            f'click a legend entry to hide it.</div><nav>{nav}</nav>{body}'
+            f'(ms-llm report). Drag on a curve to zoom its steps (all curves follow), the toolbar’s reset button '
+            f'restores; click a legend entry to hide it.</div><nav>{nav}</nav>{body}'
             f'<script type="application/json" id="report-data">{payload_json(payload)}</script>'
             f'<script>{report_js()}</script><script>{CHECK_SCRIPT}</script></body></html>\n')
