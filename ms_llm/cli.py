@@ -52,7 +52,7 @@ def cmd_preprocess(args):
 
         cfg = load_config(args.config, args.overrides)
         d = cfg.data
-        args.input = args.input or d.source
+        args.input = args.input or ([d.source] if d.source else None)
         args.output_dir = args.output_dir or d.dataset_dir
         args.seq_length = args.seq_length or cfg.model.seq_length
         args.tokenizer = args.tokenizer or d.tokenizer
@@ -67,8 +67,12 @@ def cmd_preprocess(args):
     val = 0.1 if args.val_fraction is None else args.val_fraction
     if not 0 < val < 1:
         raise UserError(f"--val-fraction = {val} must be between 0 and 1 (e.g. 0.1).")
+    if args.workers is not None and args.workers < 1:
+        raise UserError(f"--workers = {args.workers} must be at least 1 (default: the number of CPU cores).")
+    if args.shard_size_mb < 1:
+        raise UserError(f"--shard-size-mb = {args.shard_size_mb} must be at least 1.")
     preprocess(args.input, args.output_dir, args.seq_length, args.tokenizer or "char", val, args.text_field or "text",
-               overwrite=args.overwrite)
+               overwrite=args.overwrite, workers=args.workers, skip_bad=args.skip_bad, shard_mb=args.shard_size_mb)
 
 
 def cmd_sample(args):
@@ -167,13 +171,21 @@ def build_parser():
     add_train_args(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("preprocess", help="text/JSONL → tokenized, packed MindRecord + manifest")
-    p.add_argument("--input", help="text file (one document) or JSONL (one document per line)")
+    p = sub.add_parser("preprocess", help="text/JSONL → tokenized, packed, sharded MindRecord + manifest")
+    p.add_argument("--input", nargs="+", action="extend",
+                   help="files, folders or globs: .txt (one document per file), .jsonl / .jsonl.gz (one per line)")
     p.add_argument("--output-dir", help="dataset folder to create")
     p.add_argument("--seq-length", type=int, help="model context length; samples hold seq_length + 1 tokens")
-    p.add_argument("--tokenizer", help="char (default) | byte | path/to/tokenizer.json")
-    p.add_argument("--val-fraction", type=float, help="share of tokens kept for validation (default 0.1)")
+    p.add_argument("--tokenizer", help="char (default) | byte | path/to/tokenizer.json | path/to/tokenizer.model")
+    p.add_argument("--val-fraction", type=float,
+                   help="share kept for validation (default 0.1): of the documents, by a hash of their text; of the "
+                        "tokens (the tail) for a single document")
     p.add_argument("--text-field", help="JSONL key holding the text (default: text)")
+    p.add_argument("--workers", type=int, help="tokenizing processes (default: the number of CPU cores); the output "
+                                               "is identical whatever the number")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="count and skip invalid JSON lines / undecodable bytes instead of stopping at the first")
+    p.add_argument("--shard-size-mb", type=int, default=256, help="MindRecord shard size in MB of samples (default 256)")
     p.add_argument("--config", help="take the defaults above from a training config's data/model sections")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --output-dir")
@@ -225,12 +237,14 @@ def build_parser():
     from ms_llm.debug.diagnose_cli import add_parsers as add_diagnose_parsers
     from ms_llm.parallel.plan_cli import add_parser as add_plan_parser
 
+    from ms_llm.data.cli import add_parsers as add_data_parsers
     from ms_llm.debug.cli import add_parsers as add_debug_parsers
     from ms_llm.report.cli import add_parsers as add_report_parsers
 
     add_plan_parser(sub)
     add_diagnose_parsers(sub)
     add_debug_parsers(sub)
+    add_data_parsers(sub)
     add_report_parsers(sub)
 
     p = sub.add_parser("sample", help="generate text from a trained run")

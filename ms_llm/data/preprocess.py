@@ -27,12 +27,14 @@ import numpy as np
 from ms_llm.data import encode
 from ms_llm.data.manifest import MANIFEST, SCHEMA_VERSION
 from ms_llm.data.progress import Progress
-from ms_llm.data.shards import DEFAULT_SHARD_MB, Packer, ShardWriter, pack  # noqa: F401  (pack: public API)
+from ms_llm.data.shards import DEFAULT_SHARD_MB, Packer, ShardWriter, pack
 from ms_llm.data.sources import Source, expand_inputs, is_jsonl
 from ms_llm.data.stats import SplitStats
 from ms_llm.data.tokenizers import CharTokenizer, build_tokenizer
 from ms_llm.data.workers import default_workers, ordered_map
 from ms_llm.errors import UserError
+
+__all__ = ["preprocess", "pack"]
 
 SMALL_INPUT = 4 << 20  # below this many bytes, tokenize in this process: starting workers would cost more
 SPLITS = ("train", "val")
@@ -243,6 +245,8 @@ class Job:
             s = stats[name].to_dict()
             splits[name] = {"samples": sum(x["samples"] for x in shards[name]), "tokens": s["tokens"],
                             "documents": s["documents"], "shards": shards[name]}
+            if len(shards[name]) == 1:  # what readers of schema 1 look for
+                splits[name]["file"] = shards[name][0]["file"]
         files = [{"path": os.path.abspath(s.path), "bytes": s.size, "sha256": s.sha256} for s in sources]
         source = dict(files[0], documents=documents) if len(files) == 1 else {
             "files": len(files), "bytes": sum(f["bytes"] for f in files), "documents": documents}

@@ -1,0 +1,60 @@
+"""`ms-llm data info DIR [--config C]`: what a dataset holds, and what a run will make of it.
+
+Documents, tokens and samples per split, the document-length histogram and the unigram entropy come from
+the manifest (preprocessing gathers them). With a config: how many epochs `train.max_steps` covers, with a
+warning when that repeats the data more than REPEAT_WARN times (the model starts memorising: the train loss
+keeps falling while the validation loss turns up).
+"""
+from ms_llm.data.manifest import load_manifest, split_shards
+
+REPEAT_WARN = 4.0
+
+
+def histogram_lines(hist, width=40):
+    if not hist:
+        return []
+    top = max(hist.values())
+    return [f"  {label:>17} tokens | {'#' * max(1, round(width * c / top)):<{width}} {c:,}" for label, c in hist.items()]
+
+
+def info(dataset_dir, cfg=None):
+    """The report as a list of lines."""
+    m = load_manifest(dataset_dir, verify=False)
+    tk = m["tokenizer"]
+    lines = [f"dataset '{dataset_dir}': tokenizer {tk['kind']}" + (f" ({tk['path']})" if tk.get("path") else "")
+             + f", vocab {m['vocab_size']:,}, samples of {m['seq_length'] + 1} tokens"
+             + (f", split: {m['split_method']}" if m.get("split_method") else "")]
+    for name, s in m["splits"].items():
+        docs = s.get("documents")
+        docs = f"{docs:,}" if docs is not None else "n/a"
+        lines.append(f"  {name:5}: {docs:>10} documents {s.get('tokens', 0):>14,} tokens {s['samples']:>12,} samples "
+                     f"in {len(split_shards(m, name))} file(s)")
+    stats = m.get("stats", {})
+    for name, st in stats.items():
+        h = st.get("unigram_entropy_nats")
+        if h is not None:
+            lines.append(f"unigram entropy ({name}): {h:.4f} nats/token: the loss of a model that ignores context; "
+                         f"a trained model should end well below it")
+    hist = stats.get("train", {}).get("doc_length_histogram")
+    if hist:
+        lines.append("document lengths (train):")
+        lines += histogram_lines(hist)
+    if m.get("bad_lines"):
+        lines.append(f"bad lines skipped while preprocessing: {m['bad_lines']:,}")
+    if cfg is not None:
+        lines += run_coverage(m, cfg)
+    return lines
+
+
+def run_coverage(manifest, cfg):
+    t = cfg.train
+    n = manifest["splits"]["train"]["samples"]
+    seen = t.global_batch_size * t.max_steps
+    epochs = seen / n if n else float("inf")
+    out = [f"run: {t.max_steps:,} steps × {t.global_batch_size} samples = {seen:,} samples = {epochs:.2f} epoch(s) "
+           f"of the {n:,} training samples"]
+    if epochs > REPEAT_WARN:
+        out.append(f"warning: the run repeats the training data {epochs:.1f} times (more than {REPEAT_WARN:g}): expect "
+                   f"overfitting (validation loss rising while the train loss falls). Use more data, fewer steps "
+                   f"(train.max_steps <= {int(REPEAT_WARN * n // t.global_batch_size):,}), or a smaller model.")
+    return out
