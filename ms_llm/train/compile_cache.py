@@ -27,7 +27,8 @@ import shutil
 
 from ms_llm.config import to_dict
 
-HOST_ONLY = {"train": ("log_interval", "eval_interval", "eval_steps"), "data": ("num_workers", "source")}
+HOST_ONLY = {"train": ("log_interval", "eval_interval", "eval_steps", "stop_at_step"),
+             "data": ("num_workers", "source")}
 HOST_ONLY_SECTIONS = ("monitor", "checkpoint")
 RECORD = "first_step.json"
 # The first step of a fresh start, reused against filled: equal on CPU to the bit; the tolerance leaves room
