@@ -128,20 +128,44 @@ def test_cli_converts_a_config_plans_it_and_train_names_a_mindformers_file(tmp_p
     assert len(err.strip().splitlines()) == 1
 
 
-def test_converted_config_compiles_its_training_step_on_cpu(dataset, tmp_path):
-    """--dry-run with the converted settings (schedule, loss scale, clipping, batch split); a CPU can only take
-    a small model of the family on one rank, so the shape and layout are overridden and nothing else."""
+def write_mindformers_mindrecord(folder, samples, seq_length, vocab):
+    """Rows as MindFormers' llama_preprocess.py writes them with --file_partition 2: one int32 input_ids
+    column of seq_length + 1 tokens, in name.mindrecord0 / name.mindrecord1 (+ .db)."""
+    from mindspore.mindrecord import FileWriter
+
+    os.makedirs(folder)
+    writer = FileWriter(os.path.join(folder, "wiki4096.mindrecord"), shard_num=2)
+    writer.add_schema({"input_ids": {"type": "int32", "shape": [-1]}}, "lm-schema")
+    pattern = np.random.default_rng(0).integers(0, vocab, 64)  # a repeating sequence: learnable
+    writer.write_raw_data([{"input_ids": np.roll(pattern, -i)[:seq_length + 1].astype(np.int32)}
+                           for i in range(samples)])
+    writer.commit()
+
+
+def test_converted_config_trains_20_steps_on_an_adopted_mindformers_mindrecord(tmp_path):
+    """The whole move: MindFormers YAML → our config; MindFormers-layout MindRecord → `ms-llm data adopt`; 20
+    steps with the converted settings (schedule, loss scale, clipping). A CPU can only take a small model of
+    the family on one rank, so the shape, layout and batch are overridden and nothing else."""
     from ms_llm.interop.mindformers_config import convert_config
 
-    out = str(tmp_path / "ours.yaml")
-    convert_config(fixture("pretrain_llama2_7b"), out, samples=100_000, log=lambda *_: None)
-    shrink = ["parallel_config.optimizer_shard=false", "parallel_config.data_parallel=1", f"data.dataset_dir={dataset}",
-              "model.num_layers=1", "model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64",
-              "model.seq_length=32", "model.vocab_size=null", "train.global_batch_size=1",
-              "precision.compute_dtype=float32", "context.compile_cache=false", "monitor.progress_bar=false"]
-    code, stdout, err = cli("train", "--config", out, "--dry-run", *[a for o in shrink for a in ("--set", o)])
+    data = str(tmp_path / "wiki4096")
+    write_mindformers_mindrecord(data, 200, 32, 256)
+    code, _, err = cli("data", "adopt", data, "--tokenizer", "byte", "--seq-length", "32", "--val-fraction", "0.1")
     assert code == 0, err
-    assert "dry run: training step compiled" in stdout
+    out = str(tmp_path / "ours.yaml")
+    convert_config(fixture("pretrain_llama2_7b"), out, samples=180, log=lambda *_: None)
+    shrink = ["parallel_config.optimizer_shard=false", "parallel_config.data_parallel=1", f"data.dataset_dir={data}",
+              "model.num_layers=1", "model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64",
+              "model.seq_length=32", "model.vocab_size=null", "train.global_batch_size=4",
+              "train.micro_batch_size=4", "train.max_steps=20", "train.warmup_steps=2", "train.lr=3e-3",
+              "train.eval_steps=2", "precision.compute_dtype=float32", "context.compile_cache=false",
+              "monitor.progress_bar=false", "monitor.summary=false"]
+    code, stdout, err = cli("train", "--config", out, "--run-dir", str(tmp_path / "run"),
+                            *[a for o in shrink for a in ("--set", o)])
+    assert code == 0, err + stdout
+    losses = [float(line.split("| loss ")[1].split()[0]) for line in stdout.splitlines() if "| loss " in line]
+    assert len(losses) == 2 and losses[-1] < losses[0]  # steps 10 and 20 logged, and it learns
+    assert "done: 20 steps" in stdout and "scale 65536" in stdout  # the converted dynamic loss scale
 
 
 # --- checkpoints ------------------------------------------------------------------------------------------
