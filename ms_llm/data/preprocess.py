@@ -56,6 +56,7 @@ def preprocess(source, output_dir, seq_length, tokenizer="char", val_fraction=0.
         raise UserError(f"'{output_dir}' already holds a dataset (manifest.json). Choose another output folder, "
                         f"or pass --overwrite to replace it.")
     files = expand_inputs(source)
+    warm_up_mindrecord()
     workers = default_workers() if workers is None else max(1, int(workers))
     total = sum(os.path.getsize(f) for f in files)
     job = Job(files, output_dir, seq_length, tokenizer, val_fraction, text_field, skip_bad, shard_mb << 20,
@@ -270,6 +271,23 @@ class Job:
             "seconds": round(seconds, 2),
             "created": datetime.datetime.now().isoformat(timespec="seconds"),
         }
+
+
+def warm_up_mindrecord():
+    """Import MindSpore's MindRecord writer in the background: it takes seconds, and the first shard is only
+    written once the workers have tokenized something, so the import overlaps their start instead of stalling
+    the pipeline in the middle."""
+    import sys
+    import threading
+
+    if "mindspore.mindrecord" not in sys.modules:
+        def load():
+            try:
+                import mindspore.mindrecord  # noqa: F401
+            except Exception:  # the real import, later, reports it
+                pass
+
+        threading.Thread(target=load, daemon=True).start()
 
 
 def first_text(path, text_field, limit=1 << 16):

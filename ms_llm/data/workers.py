@@ -35,7 +35,7 @@ def ordered_map(fn, items, workers, initializer, initargs, window=None):
         for item in items:
             yield item, fn(item)
         return
-    window = window or 3 * workers
+    window = window or 4 * workers + 2  # enough queued that workers keep busy while this process writes
     pool = ProcessPoolExecutor(workers, mp.get_context("spawn"), initializer, initargs)
     pending = collections.deque()
     try:
