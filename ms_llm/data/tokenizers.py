@@ -194,7 +194,8 @@ class SentencePieceTokenizer:
         return np.asarray(self.sp.encode(text), dtype=np.int32)
 
     def encode_batch(self, texts):
-        return [np.asarray(ids, dtype=np.int32) for ids in self.sp.encode(list(texts))]
+        # one thread: preprocessing's worker processes are the parallelism (and the ids do not depend on it)
+        return [np.asarray(ids, dtype=np.int32) for ids in self.sp.encode(list(texts), num_threads=1)]
 
     def decode(self, ids):
         return self.sp.decode([int(i) for i in ids if int(i) != self.eod_id and int(i) < self.sp.get_piece_size()])
@@ -255,6 +256,8 @@ def from_spec(spec):
 
 
 def same_tokenizer(a, b):
-    """Two manifest tokenizer specs describe the same tokenizer (where the file lived does not matter)."""
-    strip = lambda s: {k: v for k, v in s.items() if k != "path"}  # noqa: E731
-    return strip(a) == strip(b)
+    """Two manifest tokenizer specs describe the same tokenizer: same kind, vocabulary/model and end-of-document
+    id (where the file lived, and keys added to the spec by later versions, do not matter)."""
+    content = {"char": "vocab", "hf": "json", "sentencepiece": "model"}.get(a.get("kind"))
+    return (a.get("kind") == b.get("kind") and a.get("eod_id") == b.get("eod_id")
+            and (content is None or a.get(content) == b.get(content)))
