@@ -5,15 +5,18 @@ import numpy as np
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
-def build_model(m, compute_dtype="float32"):
-    """A CausalLM for the (validated) `ModelConfig` m, its weights float32, matmuls in `compute_dtype`."""
+def build_model(m, compute_dtype="float32", backend=None):
+    """A CausalLM for the (resolved) `ModelConfig` m, its weights float32, matmuls in `compute_dtype`, with the
+    fast paths of `backend` (an ms_llm.nn.backend.Backend; default: portable MindSpore ops)."""
+    from ms_llm.nn.backend import PORTABLE
+
     from model_zoo.gpt2.model import build_gpt2
     from model_zoo.llama.model import build_llama
 
     builders = {"gpt2": build_gpt2, "llama": build_llama}
     if m.vocab_size is None:
         raise ValueError("model.vocab_size must be resolved (from the dataset manifest) before building the model")
-    return builders[m.arch](m, DTYPES[compute_dtype])
+    return builders[m.arch](m, DTYPES[compute_dtype], backend or PORTABLE)
 
 
 def count_params(model, exclude_positions=False):

@@ -30,9 +30,8 @@ def add_train_args(p):
 
 def cmd_train(args):
     from ms_llm.config import load_config
-    from ms_llm.train.trainer import run
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides)  # a bad config is refused before MindSpore is imported
     if args.dry_run:
         from ms_llm.train.trainer import dry_run
 
@@ -41,7 +40,11 @@ def cmd_train(args):
     if args.weights_only and not args.resume:
         raise UserError("--weights-only only applies with --resume. To start a new run from weights, use "
                         "--set checkpoint.load_weights=<file>.")
-    run(cfg, run_dir=args.run_dir, resume=args.resume, config_path=args.config, weights_only=args.weights_only)
+    from ms_llm.extras import hooks_for
+    from ms_llm.train.trainer import run
+
+    run(cfg, run_dir=args.run_dir, resume=args.resume, config_path=args.config, weights_only=args.weights_only,
+        hooks=hooks_for(cfg))
 
 
 def cmd_preprocess(args):
@@ -86,7 +89,7 @@ def cmd_sample(args):
 
 def cmd_benchmark(args):
     from ms_llm.config import load_config
-    from ms_llm.train.benchmark import main as benchmark
+    from ms_llm.benchmark import main as benchmark
 
     if args.steps <= 0 or args.warmup < 0:
         raise UserError(f"--steps = {args.steps} must be positive and --warmup = {args.warmup} non-negative.")
@@ -266,7 +269,9 @@ def main(argv=None):
         code = args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
+        from ms_llm.train.context import refusal_exit_code
+
+        return refusal_exit_code(e)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130

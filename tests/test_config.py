@@ -1,6 +1,7 @@
 import pytest
 
-from ms_llm.config import load_config, resolve_runtime, check_against_dataset
+from ms_llm.config import load_config, check_against_dataset
+from ms_llm.parallel.layout import resolve_layout
 from ms_llm.errors import UserError
 
 
@@ -55,24 +56,36 @@ def test_validation_messages_name_field_value_and_fix(override, words):
 
 def test_global_batch_must_divide_by_micro_times_data_parallel():
     cfg = load_config(None, ["train.global_batch_size=12", "train.micro_batch_size=4"])
-    assert resolve_runtime(cfg, 1, "CPU").accumulation == 3  # derived, not configured
-    cfg = load_config(None, ["train.global_batch_size=12", "train.micro_batch_size=4"])
-    with pytest.raises(UserError, match="micro_batch_size × data_parallel = 4 × 2 = 8"):
-        resolve_runtime(cfg, 2, "CPU")
+    assert resolve_layout(cfg, 1, "CPU")[1].accumulation == 3  # derived, not configured
+    with pytest.raises(UserError, match="data_parallel × micro_batch_size = 2 × 4 = 8"):
+        resolve_layout(cfg, 2, "CPU")
     cfg = load_config(None, ["train.global_batch_size=16", "train.micro_batch_size=4"])
-    assert resolve_runtime(cfg, 2, "CPU").accumulation == 2 and cfg.parallel_config.data_parallel == 2
+    resolved, plan = resolve_layout(cfg, 2, "CPU")
+    assert plan.accumulation == 2 and resolved.parallel_config.data_parallel == 2
+    assert cfg.parallel_config.data_parallel is None  # the loaded config is left as it was
+
+
+def test_a_loaded_config_is_data_that_nothing_changes():
+    import dataclasses
+
+    cfg = load_config(None, [])
+    assert cfg.model.num_kv_heads == 4 and cfg.model.ffn_hidden_size == 512  # derived once, at load
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.model.vocab_size = 66
+    resolved = check_against_dataset(cfg, {"seq_length": 64, "vocab_size": 66}, "d")
+    assert resolved.model.vocab_size == 66 and cfg.model.vocab_size is None
 
 
 def test_data_parallel_must_match_world_size():
     cfg = load_config(None, ["parallel_config.data_parallel=4"])
-    with pytest.raises(UserError, match="2 rank"):
-        resolve_runtime(cfg, 2, "CPU")
+    with pytest.raises(UserError, match="there are 2 devices"):
+        resolve_layout(cfg, 2, "CPU")
 
 
 def test_model_parallel_refused_on_cpu_with_one_clear_message():
     cfg = load_config(None, ["parallel_config.model_parallel=2"])
     with pytest.raises(UserError, match="needs Ascend"):
-        resolve_runtime(cfg, 2, "CPU")
+        resolve_layout(cfg, 2, "CPU")
 
 
 def test_config_must_fit_the_dataset():
@@ -84,8 +97,7 @@ def test_config_must_fit_the_dataset():
     with pytest.raises(UserError, match="vocab_size = 50 is smaller"):
         check_against_dataset(cfg, manifest, "d")
     cfg = load_config(None, [])
-    check_against_dataset(cfg, manifest, "d")
-    assert cfg.model.vocab_size == 66
+    assert check_against_dataset(cfg, manifest, "d").model.vocab_size == 66
 
 
 def test_bad_files(tmp_path):

@@ -4,6 +4,7 @@ import pytest
 import mindspore as ms
 
 from ms_llm.nn import cpu_kernels
+from ms_llm.nn.backend import Backend
 from ms_llm.nn.activations import GeluTanh
 from ms_llm.nn.norms import LayerNorm
 from ms_llm.train.step import sum_of_squares
@@ -18,10 +19,8 @@ RTOL, ATOL = 1e-4, 1e-5
 
 def build(cls, *args):
     """The same Cell twice: once with the fused kernels, once with plain ops."""
-    cpu_kernels.configure(True)
-    fused = cls(*args)
-    cpu_kernels.configure(False)
-    plain = cls(*args)
+    fused = cls(*args, backend=Backend("CPU", cpu_kernels=True))
+    plain = cls(*args, backend=Backend("CPU"))
     assert fused.fused and not plain.fused
     return fused, plain
 
@@ -79,9 +78,7 @@ def test_layernorm_forward_and_gradients_match_composition(bias):
 class SumOfSquares(ms.nn.Cell):
     def __init__(self):
         super().__init__()
-        cpu_kernels.configure(True)
         self.op = cpu_kernels.op("sum_squares")
-        cpu_kernels.configure(False)
 
     def construct(self, x):
         return sum_of_squares(x, self.op)

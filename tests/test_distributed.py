@@ -67,3 +67,61 @@ def test_two_rank_msrun_matches_single_process_and_reuses_its_compiled_graphs(da
     assert all("compile cache: reusing" in again[r] and "warning" not in again[r] for r in range(2))
     assert losses(tmp_path / "again") == losses(multi)
     assert re.search(r"parameter digest \(rank 0\): (\w+)", again[0]).group(1) == digests[0]
+
+
+def readme_msrun_command():
+    """The msrun example of the README, as the README shows it (one source for both)."""
+    import shlex
+
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    block = re.search(r"```bash\n(msrun --worker_num=2 [^`]*?)```", text).group(1)
+    return shlex.split(block.replace("\\\n", " "))
+
+
+def test_the_readme_msrun_example_runs_as_written(tmp_path, cache):
+    """The README's command verbatim, with its run and log folders moved to tmp and the run shortened."""
+    cmd = readme_msrun_command()
+    at = {a.split("=")[0]: i for i, a in enumerate(cmd)}
+    cmd[at["--master_port"]] = f"--master_port={free_port()}"
+    cmd[at["--log_dir"]] = f"--log_dir={tmp_path / 'logs'}"
+    cmd[cmd.index("--run-dir") + 1] = str(tmp_path / "q2p")
+    cmd += ["--set", "train.max_steps=20", "--set", "train.eval_interval=0", "--set", "train.eval_steps=5",
+            "--set", "train.log_interval=10"]
+    env = dict(os.environ, GLOG_v="3", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+               **cache)
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    logs = {r: (tmp_path / "logs" / f"worker_{r}.log").read_text() for r in range(2)}
+    assert proc.returncode == 0, proc.stdout[-2000:] + logs[0][-2000:] + logs[1][-2000:]
+    assert "done: 20 steps" in logs[0] and "data-parallel 2" in logs[0]
+    run = tmp_path / "q2p"
+    records = [json.loads(l) for l in open(run / "metrics.jsonl")]
+    assert all("time" in r and "elapsed_s" in r for r in records if "loss" in r)
+    assert "ETA" in logs[0] and (run / "logs" / "train.log").is_file()
+    assert (run / "logs" / "rank_0.log").is_file() and (run / "logs" / "rank_1.log").is_file()
+    assert "done: 20 steps" in (run / "logs" / "rank_1.log").read_text()
+
+
+def test_a_config_the_launch_cannot_run_is_refused_by_every_process_at_once(tmp_path):
+    """The quickstart config as it is (micro batch 12 = the global batch) cannot split over 2 ranks: every worker
+    and msrun's scheduler print the same paragraph, none a traceback, and the launch ends without waiting for
+    MindSpore's cluster timeout."""
+    import time
+
+    cmd = readme_msrun_command()
+    at = {a.split("=")[0]: i for i, a in enumerate(cmd)}
+    cmd[at["--master_port"]] = f"--master_port={free_port()}"
+    cmd[at["--log_dir"]] = f"--log_dir={tmp_path / 'logs'}"
+    cmd[cmd.index("--run-dir") + 1] = str(tmp_path / "q2p")
+    cmd = cmd[:cmd.index("--set")]  # without the README's micro batch
+    env = dict(os.environ, GLOG_v="3", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    t0 = time.time()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300, env=env)
+    took = time.time() - t0
+    assert proc.returncode != 0
+    logs = {name: (tmp_path / "logs" / name).read_text() for name in ("worker_0.log", "worker_1.log", "scheduler.log")}
+    messages = {name: [l for l in text.splitlines() if l.startswith("error:")] for name, text in logs.items()}
+    assert all(len(m) == 1 for m in messages.values()), messages
+    assert len({m[0] for m in messages.values()}) == 1 and "2 × 12 = 24" in messages["worker_0.log"][0]
+    assert not any("Traceback" in text for text in logs.values())
+    assert took < 60, took  # MindSpore's cluster timeout would add minutes
+    assert not (tmp_path / "q2p").exists()

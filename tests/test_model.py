@@ -79,20 +79,19 @@ def test_init_follows_gpt2_recipe():
 
 def test_device_fast_paths_are_chosen_at_construction():
     """Ascend kernels cannot run here; what can be checked is which path each Cell picks (the plan is data)."""
-    from ms_llm.nn import CausalSelfAttention, LayerNorm, RMSNorm, device
-    from ms_llm.nn.transformer import FrontReusedDecoderLayer, ReusedDecoderLayer, decoder_layer
+    from ms_llm.nn import CausalSelfAttention, LayerNorm, RMSNorm
+    from ms_llm.nn.backend import Backend
+    from ms_llm.nn.transformer import DecoderLayer, FrontReusedDecoderLayer, ReusedDecoderLayer, decoder_layer
 
-    try:
-        device.configure("Ascend")
-        assert CausalSelfAttention(256, 4, 2, 64, compute_dtype=ms.bfloat16).flash  # head size 64, bf16
-        assert not CausalSelfAttention(256, 4, 2, 64, compute_dtype=ms.float32).flash  # FA needs fp16/bf16
-        assert not CausalSelfAttention(96, 4, 4, 64, compute_dtype=ms.float16).flash  # head size 24 % 16 != 0
-        assert not CausalSelfAttention(256, 4, 4, 64, dropout=0.1, compute_dtype=ms.float16).flash
-        assert RMSNorm(8).ascend and LayerNorm(8).ascend
-        assert type(decoder_layer(RMSNorm(8), RMSNorm(8), RMSNorm(8), RMSNorm(8))) is ReusedDecoderLayer
-        device.configure("CPU")
-        assert not CausalSelfAttention(256, 4, 2, 64, compute_dtype=ms.float16).flash
-        assert not RMSNorm(8).ascend
-        assert type(decoder_layer(RMSNorm(8), RMSNorm(8), RMSNorm(8), RMSNorm(8))) is FrontReusedDecoderLayer
-    finally:
-        device.configure(None)
+    asc, cpu = Backend("Ascend"), Backend("CPU")
+    assert CausalSelfAttention(256, 4, 2, 64, compute_dtype=ms.bfloat16, backend=asc).flash  # head size 64, bf16
+    assert not CausalSelfAttention(256, 4, 2, 64, compute_dtype=ms.float32, backend=asc).flash  # FA: fp16/bf16
+    assert not CausalSelfAttention(96, 4, 4, 64, compute_dtype=ms.float16, backend=asc).flash  # head 24 % 16
+    assert not CausalSelfAttention(256, 4, 4, 64, dropout=0.1, compute_dtype=ms.float16, backend=asc).flash
+    assert RMSNorm(8, backend=asc).ascend and LayerNorm(8, backend=asc).ascend
+    assert type(decoder_layer(RMSNorm(8), RMSNorm(8), RMSNorm(8), RMSNorm(8), asc)) is ReusedDecoderLayer
+    assert not CausalSelfAttention(256, 4, 2, 64, compute_dtype=ms.float16, backend=cpu).flash
+    assert not RMSNorm(8, backend=cpu).ascend
+    assert type(decoder_layer(RMSNorm(8), RMSNorm(8), RMSNorm(8), RMSNorm(8), cpu)) is FrontReusedDecoderLayer
+    no_reuse = Backend("Ascend", layer_reuse=False)  # the pipeline reuses its micro-batch loss instead
+    assert type(decoder_layer(RMSNorm(8), RMSNorm(8), RMSNorm(8), RMSNorm(8), no_reuse)) is DecoderLayer

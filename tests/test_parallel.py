@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, ms_llm
-from ms_llm.config import load_config, resolve_runtime
+from ms_llm.config import load_config
+from ms_llm.parallel.layout import resolve_layout
 from ms_llm.errors import UserError
 from ms_llm.parallel.layout import balanced_stages, build_plan
 
@@ -76,19 +77,19 @@ def test_pipeline_stages_balanced_with_override_and_recompute_per_stage():
 @pytest.mark.parametrize("overrides, devices, words", [
     (["parallel_config.data_parallel=2", "parallel_config.model_parallel=2"], 8, ["2 × 2 × 1", "8 devices"]),
     (["model.preset=llama2-7b", "parallel_config.model_parallel=3", "model.num_heads=30", "model.hidden_size=3840"],
-     3, ["model.ffn_hidden_size = 11008 is not divisible by parallel_config.model_parallel = 3"]),
+     3, ["model.ffn_hidden_size = 11008 is not divisible by model_parallel = 3"]),
     (["model.preset=llama2-7b", "parallel_config.model_parallel=5"], 5, ["model.num_heads = 32 is not divisible"]),
     (["model.preset=llama2-70b", "parallel_config.model_parallel=16"], 16, ["model.num_kv_heads = 8"]),
     (["model.preset=llama2-7b", "parallel_config.model_parallel=2", "model.vocab_size=32001",
       "parallel_config.vocab_emb_dp=false"], 2, ["model.vocab_size = 32001", "vocab_emb_dp"]),
     (["model.num_layers=2", "parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=4",
-      "train.global_batch_size=48"], 4, ["model.num_layers = 2 is smaller than parallel_config.pipeline_stage = 4"]),
+      "train.global_batch_size=48"], 4, ["model.num_layers = 2 is smaller than pipeline_stage = 4"]),
     (["parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=2", "train.global_batch_size=24"], 4,
      ["micro_batch_num = 2", "= 2"]),
     (["parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=2", "train.global_batch_size=24",
       "train.micro_batch_size=12"], 4, ["is smaller than pipeline_stage = 4"]),
-    (["parallel_config.use_seq_parallel=true"], 1, ["use_seq_parallel = true needs parallel_config.model_parallel > 1"]),
-    (["parallel_config.data_parallel=5", "train.global_batch_size=12"], 5, ["12 is not divisible", "12 × 5 = 60"]),
+    (["parallel_config.use_seq_parallel=true"], 1, ["use_seq_parallel = true needs model_parallel > 1"]),
+    (["parallel_config.data_parallel=5", "train.global_batch_size=12"], 5, ["12 is not divisible", "5 × 12 = 60"]),
     (["parallel_config.pipeline_stage=2", "parallel_config.stage_layers=[1, 2]", "parallel_config.micro_batch_num=2",
       "train.global_batch_size=24"], 2, ["stage_layers = [1, 2]"]),
     (["recompute_config.recompute=[1, 1]"], 1, ["recompute_config.recompute = [1, 1]"]),
@@ -109,7 +110,7 @@ def test_pipeline_bubble_warning_below_four_micro_batches_per_stage():
 def test_cpu_refuses_model_and_pipeline_parallel_and_optimizer_sharding():
     for o in ("parallel_config.model_parallel=2", "parallel_config.optimizer_shard=true"):
         with pytest.raises(UserError, match="needs Ascend or GPU devices; on CPU only data parallelism runs"):
-            resolve_runtime(cfg(o), 2, "CPU")
+            resolve_layout(cfg(o), 2, "CPU")
 
 
 def test_shard_model_applies_the_plan_by_name():
@@ -153,7 +154,7 @@ def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
     from mindspore.nn.utils import no_init_parameters
 
     from model_zoo import build_model
-    from ms_llm.nn import device
+    from ms_llm.nn.backend import Backend
     from ms_llm.train.optimizer import AdamW
     from ms_llm.train.session import pipeline_step
 
@@ -161,13 +162,10 @@ def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
             "parallel_config.data_parallel=2", "parallel_config.micro_batch_num=6", "train.global_batch_size=24",
             "train.micro_batch_size=2")
     plan = build_plan(c, 6)
-    device.configure("Ascend", layer_reuse=False)  # built as on Ascend (nothing is compiled or run here)
-    try:
-        with no_init_parameters():
-            model = build_model(c.model)
-        step = pipeline_step(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), c, plan)
-    finally:
-        device.configure(None)
+    ascend = Backend("Ascend", layer_reuse=False)  # built as on Ascend (nothing is compiled or run here)
+    with no_init_parameters():
+        model = build_model(c.model, backend=ascend)
+    step = pipeline_step(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), c, plan, ascend)
     assert type(model.layers[0]).__name__ == "DecoderLayer"  # not reused per layer: the micro-batch loss is,
     assert type(step.pipeline.network).__name__ == "ReusedMicroBatchLoss"  # once for all micro-batches
     assert step.pipeline.micro_size == 6 and step.has_reducer  # PipelineGradReducer over the optimizer's weights

@@ -196,7 +196,7 @@ def test_step_time_adds_compute_at_the_assumed_utilisation_and_unoverlapped_comm
 # -- validity -------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("overrides, devices, count, words", [
-    (["parallel_config.data_parallel=4"], 8, 1, "= 4 × 1 × 1 = 4, but the cluster has 8 devices"),
+    (["parallel_config.data_parallel=4"], 8, 1, "= 4 × 1 × 1 = 4, but there are 8 devices"),
     # kv heads divide the heads, so heads that mp does not divide always come with the kv heads
     (["model.num_heads=40", "model.hidden_size=5120", "parallel_config.model_parallel=16"], 16, 2,
      "model.num_heads = 40 is not divisible by model_parallel = 16"),
@@ -210,9 +210,9 @@ def test_step_time_adds_compute_at_the_assumed_utilisation_and_unoverlapped_comm
     (["model.vocab_size=32001", "parallel_config.model_parallel=2", "parallel_config.vocab_emb_dp=false"], 8, 1,
      "model.vocab_size = 32001 is not divisible by model_parallel = 2"),
     (["model.num_layers=2", "parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=32"], 8, 1,
-     "model.num_layers = 2 is less than pipeline_stage = 4"),
+     "model.num_layers = 2 is smaller than pipeline_stage = 4"),
     (["parallel_config.pipeline_stage=4", "parallel_config.micro_batch_num=2", "train.global_batch_size=4"], 8, 1,
-     "micro_batch_num = 2 is less than pipeline_stage = 4"),
+     "micro_batch_num = 2 is smaller than pipeline_stage = 4"),
     (["train.global_batch_size=12"], 8, 1,
      "train.global_batch_size = 12 is not divisible by data_parallel × micro_batch_size = 8 × 1 = 8"),
     (["parallel_config.use_seq_parallel=true"], 8, 1, "use_seq_parallel = true needs model_parallel > 1"),

@@ -2,7 +2,7 @@
 import json
 import os
 
-from ms_llm.debug.diagnose_cli import main
+from ms_llm.cli import main
 from ms_llm.debug.runs import diff_runs, list_runs
 from test_diagnose import healthy, write_run
 

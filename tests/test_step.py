@@ -1,4 +1,5 @@
 """The compiled training step: loss scaling, accumulation, clipping, AdamW, LR schedule."""
+import dataclasses
 import math
 
 import numpy as np
@@ -23,9 +24,9 @@ def make_step(*overrides, accum=1, seed=0, pipeline_micro=0):
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
     if pipeline_micro:
-        step = PipelineTrainStep(model, opt, cfg.precision, t.clip_grad, pipeline_micro, t.max_steps, lr_table(t))
+        step = PipelineTrainStep(model, opt, cfg.precision, t.clip_grad, pipeline_micro, lr_table(t))
     else:
-        step = TrainStep(model, opt, cfg.precision, t.clip_grad, accum, 1, t.max_steps, lr_table(t))
+        step = TrainStep(model, opt, cfg.precision, t.clip_grad, accum, 1, lr_table(t))
     model.set_train(True)
     return model, step
 
@@ -154,10 +155,10 @@ def test_lr_schedule_warmup_cosine_linear_constant():
     assert lr_at(0, t) == pytest.approx(1e-5) and lr_at(99, t) == pytest.approx(1e-3)
     assert lr_at(550, t) == pytest.approx(1e-4 + 0.5 * 0.9e-3)
     assert lr_at(999, t) == pytest.approx(1e-4, rel=1e-3)
-    t.lr_schedule = "linear"
+    t = dataclasses.replace(t, lr_schedule="linear")
     assert lr_at(550, t) == pytest.approx(1e-4 + 0.5 * 0.9e-3)
     assert lr_at(325, t) == pytest.approx(1e-4 + 0.75 * 0.9e-3)
-    t.lr_schedule = "constant"
+    t = dataclasses.replace(t, lr_schedule="constant")
     assert lr_at(700, t) == 1e-3
     assert np.allclose(lr_table(t)[:3], [lr_at(i, t) for i in range(3)])
 
@@ -179,7 +180,7 @@ def test_anomaly_guard_skips_a_spiking_update_without_touching_the_weights():
     model = build_model(cfg.model)
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    step = TrainStep(model, opt, cfg.precision, t.clip_grad, 1, 1, t.max_steps, lr_table(t),
+    step = TrainStep(model, opt, cfg.precision, t.clip_grad, 1, 1, lr_table(t),
                      AnomalyConfig(zscore=3.0, window=5))
     model.set_train(True)
     constant = np.zeros((8, 17), np.int32)  # an easy batch: the loss and gradients settle quickly

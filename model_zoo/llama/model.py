@@ -2,20 +2,22 @@
 import mindspore as ms
 
 from ms_llm.nn import CausalLM, CausalSelfAttention, decoder_layer, RMSNorm, SwiGLU
+from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.init import residual_std
 
 
-def build_llama(m, compute_dtype=ms.float32):
+def build_llama(m, compute_dtype=ms.float32, backend=PORTABLE):
     out_std = residual_std(m.init_std, m.num_layers)
     layers = [
         decoder_layer(
-            RMSNorm(m.hidden_size, m.norm_eps),
+            RMSNorm(m.hidden_size, m.norm_eps, backend),
             CausalSelfAttention(m.hidden_size, m.num_heads, m.num_kv_heads, m.seq_length, False, m.init_std, out_std,
-                                m.dropout, rope_theta=m.rope_theta, compute_dtype=compute_dtype),
-            RMSNorm(m.hidden_size, m.norm_eps),
+                                m.dropout, rope_theta=m.rope_theta, compute_dtype=compute_dtype, backend=backend),
+            RMSNorm(m.hidden_size, m.norm_eps, backend),
             SwiGLU(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, m.dropout, compute_dtype),
+            backend,
         )
         for _ in range(m.num_layers)
     ]
-    return CausalLM(m.vocab_size, m.hidden_size, layers, RMSNorm(m.hidden_size, m.norm_eps), m.init_std,
+    return CausalLM(m.vocab_size, m.hidden_size, layers, RMSNorm(m.hidden_size, m.norm_eps, backend), m.init_std,
                     m.tie_embeddings, positions=None, dropout=m.dropout, compute_dtype=compute_dtype)

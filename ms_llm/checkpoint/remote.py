@@ -14,14 +14,6 @@ import time
 
 from ms_llm.errors import UserError
 
-MODELARTS_VARS = ("MA_JOB_DIR", "MA_LOG_DIR", "BATCH_GROUP_NAME", "MA_CURRENT_IP", "MA_NUM_HOSTS",
-                  "VC_TASK_INDEX", "MODELARTS_JOB_ID")
-
-
-def is_modelarts():
-    return any(v in os.environ for v in MODELARTS_VARS)
-
-
 def redact(url):
     """obs://AK:SK@bucket/x?Signature=... → obs://***@bucket/x?***"""
     url = re.sub(r"^([a-zA-Z0-9+.-]+://)[^/@]+@", r"\1***@", str(url))

@@ -57,6 +57,11 @@ class CheckpointSaver:
                 remote.with_retries(lambda f=f, rel=rel: self.uploader.put(f, remote.join(self.remote, rel)),
                                     f"upload of {rel} to {remote.redact(self.remote)}", self.log)
 
+    def check(self):
+        """Raise the error of a background save that failed (called every step: training stops at the next step)."""
+        if self._error is not None and (self._thread is None or not self._thread.is_alive()):
+            self.wait()
+
     def wait(self):
         if self._thread is not None:
             self._thread.join()

@@ -64,22 +64,55 @@ def read_tensors(path):
 
 
 def save(directory, step, arrays, meta, fmt="ckpt", keep_last=None):
-    """Write `arrays` ({name: numpy array}) and `meta` (JSON-able) as checkpoint `step`; returns its path."""
-    os.makedirs(directory, exist_ok=True)
+    """Write `arrays` ({name: numpy array}) and `meta` (JSON-able) as checkpoint `step`; returns its path.
+
+    A write that fails (a full disk, a lost mount) removes what it had written, leaves every earlier checkpoint
+    and `latest` as they were, and raises a UserError naming the path (and, for a full disk, the space)."""
     name = f"step_{step:08d}"
     final = os.path.join(directory, name + EXTENSIONS[fmt])
     tmp = os.path.join(directory, f".tmp-{name}{EXTENSIONS[fmt]}")
-    write_tensors(tmp, arrays, fmt)
-    _fsync_file(tmp)
-    os.replace(tmp, final)
-    manifest = dict(meta, step=step, file=os.path.basename(final), format=fmt, bytes=os.path.getsize(final),
-                    sha256=sha256_file(final))
-    atomic_write_bytes(os.path.join(directory, name + ".json"), json.dumps(manifest, indent=1).encode())
-    atomic_write_bytes(os.path.join(directory, "latest"), name.encode())
-    _fsync_dir(directory)
+    try:
+        os.makedirs(directory, exist_ok=True)
+        write_tensors(tmp, arrays, fmt)
+        _fsync_file(tmp)
+        os.replace(tmp, final)
+        manifest = dict(meta, step=step, file=os.path.basename(final), format=fmt, bytes=os.path.getsize(final),
+                        sha256=sha256_file(final))
+        atomic_write_bytes(os.path.join(directory, name + ".json"), json.dumps(manifest, indent=1).encode())
+        atomic_write_bytes(os.path.join(directory, "latest"), name.encode())
+        _fsync_dir(directory)
+    except (OSError, RuntimeError) as e:
+        for path in (tmp, final, os.path.join(directory, name + ".json"),
+                     os.path.join(directory, f".tmp-{name}.json"), os.path.join(directory, ".tmp-latest")):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+        raise write_failure(directory, step, arrays, e) from None
     if keep_last:
         prune(directory, keep_last)
     return final
+
+
+def write_failure(directory, step, arrays, error):
+    """The one-paragraph explanation of a checkpoint that could not be written."""
+    import errno
+    import shutil
+
+    from ms_llm.errors import UserError
+
+    need = sum(int(np.asarray(a).nbytes) for a in arrays.values())
+    full = getattr(error, "errno", None) == errno.ENOSPC or "No space left" in str(error)
+    try:
+        free = shutil.disk_usage(directory if os.path.isdir(directory) else os.path.dirname(directory)).free
+    except OSError:
+        free = None
+    space = f"; it needs about {need / 2**20:,.1f} MiB and {free / 2**20:,.1f} MiB are free" if free is not None \
+        else ""
+    what = "the disk is full" if full else f"{type(error).__name__}: {error}"
+    return UserError(f"checkpoint step {step} could not be written to {directory}: {what}{space}. The partial file "
+                     f"was removed and earlier checkpoints are intact. Free space there (or lower "
+                     f"checkpoint.keep_last), then resume with --resume.")
 
 
 def list_checkpoints(directory):

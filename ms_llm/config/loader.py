@@ -13,6 +13,12 @@ from ms_llm.config.schema import Config
 from ms_llm.errors import UserError, closest
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
+# Keys that existed and were removed because nothing honoured them: refused with the reason, not "unknown".
+RETIRED = {
+    "parallel_config.gradient_aggregation_group": "it was never applied: MindSpore fuses the gradient all-reduce "
+                                                  "itself (semi-auto parallel) or ms_llm reduces each gradient "
+                                                  "(data parallel). Remove the key",
+}
 
 
 def load_config(path=None, overrides=(), validate=True):
@@ -24,7 +30,7 @@ def load_config(path=None, overrides=(), validate=True):
     if validate:
         from ms_llm.config.validate import validate_config
 
-        validate_config(cfg)
+        cfg = validate_config(cfg)
     return cfg
 
 
@@ -100,7 +106,7 @@ def from_dict(raw):
 
 
 def with_preset(model):
-    from model_zoo.presets import PRESETS
+    from ms_llm.config.presets import PRESETS
 
     name = model["preset"]
     if name not in PRESETS:
@@ -117,6 +123,8 @@ def build_section(section, cls, values):
     hints = typing.get_type_hints(cls)
     kwargs = {}
     for key, value in values.items():
+        if f"{section}.{key}" in RETIRED:
+            raise UserError(f"{section}.{key} is no longer a setting: {RETIRED[section + '.' + key]}.")
         if key not in fields:
             hint = closest(str(key), fields)
             raise UserError(f"unknown key '{key}' in section '{section}'"

@@ -1,7 +1,8 @@
 """One typed dataclass per YAML section. The field list here *is* the config reference.
 
-`choices` in a field's metadata restricts a string field; `help` is shown by `ms-llm config --help`-style
-messages and in the README reference. Defaults are the values a new user should get.
+`choices` in a field's metadata restricts a string field; `help` is the field's line in the README's config
+reference (`python -m ms_llm.config.reference`). Defaults are the values a new user should get. Sections are
+frozen: a loaded config is data, and values derived later are resolved into new Config objects.
 """
 from dataclasses import dataclass, field
 from typing import List, Optional, Union
@@ -17,7 +18,7 @@ def opt(default, help="", choices=None):
     return field(default=default, metadata=meta)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     arch: str = opt("gpt2", "model family", choices=("gpt2", "llama"))
     preset: Optional[str] = opt(None, "named shape (gpt2-124m, llama2-7b, tiny-gpt2, tiny-llama); "
@@ -39,7 +40,7 @@ class ModelConfig:
     rope_theta: float = opt(10000.0, "llama: RoPE base")
 
 
-@dataclass
+@dataclass(frozen=True)
 class DataConfig:
     dataset_dir: str = opt("data/shakespeare_char", "folder with train/val MindRecord + manifest.json")
     source: Optional[str] = opt(None, "text or JSONL file; when dataset_dir has no manifest, training "
@@ -53,7 +54,7 @@ class DataConfig:
               "alone); the mixture follows train.seed and resumes exactly")
 
 
-@dataclass
+@dataclass(frozen=True)
 class AnomalyConfig:
     zscore: float = opt(6.0, "skip an update whose grad norm or loss is this many std devs above the running mean")
     window: int = opt(50, "steps of history for the running mean / std (no skipping before that)")
@@ -61,7 +62,7 @@ class AnomalyConfig:
     lr_factor: float = opt(0.5, "multiply the learning rate by this at each rollback")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
     global_batch_size: int = opt(12, "samples per optimizer step over all ranks and micro-batches")
     micro_batch_size: int = opt(12, "samples per forward/backward on one rank; "
@@ -87,7 +88,7 @@ class TrainConfig:
                                                  "non-finite steps (null: off; true: defaults)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class PrecisionConfig:
     compute_dtype: str = opt("float32", "dtype of matmuls and activations; softmax, norms, loss and "
                                         "master weights stay float32", choices=("float32", "float16", "bfloat16"))
@@ -97,7 +98,7 @@ class PrecisionConfig:
     scale_factor: float = opt(2.0, "dynamic: growth / back-off factor")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ParallelConfig:
     data_parallel: Optional[int] = opt(None, "data-parallel ranks (null: world size / (model_parallel * pipeline_stage))")
     model_parallel: int = opt(1, "tensor-parallel ranks")
@@ -109,16 +110,15 @@ class ParallelConfig:
     use_seq_parallel: bool = opt(False, "shard norms / residuals along the sequence (needs model_parallel > 1)")
     vocab_emb_dp: bool = opt(True, "embedding / LM head data-parallel instead of vocab-split")
     optimizer_shard: bool = opt(False, "shard optimizer states over data-parallel ranks")
-    gradient_aggregation_group: int = opt(4, "fusion group for gradient all-reduce")
 
 
-@dataclass
+@dataclass(frozen=True)
 class RecomputeConfig:
     recompute: Union[bool, List[int]] = opt(False, "true: recompute every layer; a list: layers per stage")
     select_recompute: bool = opt(False, "recompute only attention core and MLP activation")
 
 
-@dataclass
+@dataclass(frozen=True)
 class CheckpointConfig:
     save_interval: int = opt(0, "steps between checkpoints (0: only the final one)")
     auto_resume: bool = opt(False, "resume from the newest valid checkpoint in the run directory (or, when "
@@ -130,19 +130,19 @@ class CheckpointConfig:
                                           "metrics are copied there")
     uploader: Optional[str] = opt(None, "'package.module:Class' with put/get/listdir, for other remote stores")
     strategy_dir: Optional[str] = opt(None, "where semi-auto parallel saves its strategy file per rank (null: "
-                                            "./strategy); kept with the checkpoints for resharding")
+                                            "<run dir>/strategy); kept with the checkpoints for resharding")
     load_weights: Optional[str] = opt(None, "initialise the model from this checkpoint's weights (e.g. one "
                                             "converted from Hugging Face); optimizer starts fresh")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ProfileConfig:
     start_step: int = opt(10, "first profiled step (after this many steps have run; past the compile)")
     stop_step: int = opt(20, "profiling stops after this step; the top-10 operator table is printed then")
     output_dir: Optional[str] = opt(None, "where the trace goes (null: <run dir>/profile)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class TensorStatsConfig:
     every: int = opt(100, "record statistics every this many steps")
     targets: List[str] = opt([], "substrings of module/parameter names to record (empty: all)")
@@ -151,20 +151,27 @@ class TensorStatsConfig:
     explode_zscore: float = opt(6.0, "a gradient norm this many std devs above its recent history is flagged")
 
 
-@dataclass
+@dataclass(frozen=True)
 class MonitorConfig:
     summary: bool = opt(True, "write MindSpore Insight summary files under <run>/summary")
-    progress_bar: bool = opt(True, "tqdm progress bar on rank 0")
+    tensorboard: bool = opt(False, "write TensorBoard event files under <run>/tensorboard (needs tensorboardX: "
+                                   "pip install -e \".[tensorboard]\")")
+    report: bool = opt(True, "refresh <run>/report.html (curves, events, diagnosis) at every evaluation and at the end")
+    telemetry_interval_s: Optional[float] = opt(30.0, "sample device temperature, power, memory and utilisation "
+                                                      "(npu-smi / nvidia-smi; CPU load and RSS) into telemetry.jsonl "
+                                                      "every this many seconds (null: off)")
+    progress_bar: bool = opt(True, "tqdm progress bar on rank 0 at a terminal (elsewhere: a progress line every 30 s)")
     peak_tflops: Optional[float] = opt(None, "per-device peak for MFU (null: a default by device)")
-    nan_check: bool = opt(False, "check every batch's token ids and every step's loss/grad norm; on the first "
-                                 "non-finite step, save the batch and state and run the NaN hunter")
+    nan_check: bool = opt(False, "check every step's loss and grad norm (one host sync per step); on the first "
+                                 "non-finite step, save the batch and state and run the NaN hunter (token ids are "
+                                 "checked before every step whether or not this is on)")
     tensor_stats: Optional[TensorStatsConfig] = opt(None, "per-layer activation/gradient statistics to "
                                                           "stats.jsonl, e.g. {every: 100} (null: off)")
-    profile: Optional[ProfileConfig] = opt(None, "profile a window of steps with mindspore.Profiler, e.g. "
+    profile: Optional[ProfileConfig] = opt(None, "profile a window of steps with mindspore.profiler, e.g. "
                                                  "{start_step: 10, stop_step: 20} (null: off)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class ContextConfig:
     device_target: str = opt("auto", "where to run (auto: Ascend, then GPU, then CPU)",
                              choices=("auto", "CPU", "GPU", "Ascend"))
@@ -179,7 +186,7 @@ class ContextConfig:
                                   "(compiled with g++ at first use; plain MindSpore ops if that fails)")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)

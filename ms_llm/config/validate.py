@@ -1,8 +1,12 @@
 """Checks that need more than one field, and values derived from several fields.
 
-`validate_config` runs on every load (static checks). `resolve_runtime` runs once the world size and the
-dataset manifest are known, still before any graph is compiled.
+`validate_config` runs on every load: static checks, and the values derived from the config alone (key/value
+heads, FFN width). Values that depend on the launch (data-parallel size: ms_llm.parallel.layout.resolve_layout)
+or on the data (vocabulary: `check_against_dataset`) are resolved into new Config objects; a loaded config is
+never changed (its sections are frozen dataclasses).
 """
+from dataclasses import replace
+
 from ms_llm.errors import UserError
 
 
@@ -38,8 +42,8 @@ def validate_config(cfg):
         raise UserError(f"model.hidden_size = {m.hidden_size} is not divisible by model.num_heads = {m.num_heads}: "
                         f"each head needs hidden_size/num_heads dimensions. Pick num_heads from the divisors of "
                         f"{m.hidden_size} (e.g. {nearest_divisor(m.hidden_size, m.num_heads)}) or change hidden_size.")
-    if m.num_kv_heads is None:
-        m.num_kv_heads = m.num_heads
+    if m.num_kv_heads is None:  # derived once, here, into the object load_config returns
+        m = replace(m, num_kv_heads=m.num_heads)
     if m.num_heads % m.num_kv_heads:
         raise UserError(f"model.num_heads = {m.num_heads} is not divisible by model.num_kv_heads = {m.num_kv_heads}: "
                         f"grouped-query attention shares each key/value head among num_heads/num_kv_heads query heads. "
@@ -47,10 +51,14 @@ def validate_config(cfg):
     if m.arch == "gpt2" and m.num_kv_heads != m.num_heads:
         raise UserError(f"model.num_kv_heads = {m.num_kv_heads} with model.arch = gpt2: GPT-2 uses full multi-head "
                         f"attention. Remove num_kv_heads or use arch: llama for grouped-query attention.")
+    if m.arch == "llama" and m.bias:
+        raise UserError("model.bias = true with model.arch = llama: Llama's linear layers and RMSNorm have no biases, "
+                        "and ms_llm builds it without them. Remove model.bias (or set it to false).")
     if (m.hidden_size // m.num_heads) % 2 and m.arch == "llama":
         raise UserError(f"model.hidden_size / model.num_heads = {m.hidden_size // m.num_heads} is odd: RoPE rotates "
                         f"pairs of dimensions, so the head size must be even.")
-    m.ffn_hidden_size = derived_ffn_hidden_size(m)
+    m = replace(m, ffn_hidden_size=derived_ffn_hidden_size(m))
+    cfg = replace(cfg, model=m)
     if not 0.0 <= m.dropout < 1.0:
         raise UserError(f"model.dropout = {m.dropout} must be in [0, 1).")
     if m.init_std <= 0:
@@ -93,33 +101,9 @@ def nearest_divisor(n, near):
     return min(divisors, key=lambda d: abs(d - near))
 
 
-def resolve_runtime(cfg, world_size, device_target):
-    """Fill in data_parallel for this launch and validate the layout. Returns the ParallelPlan."""
-    from ms_llm.parallel.layout import build_plan
-
-    pc = cfg.parallel_config
-    model_pipe = pc.model_parallel * pc.pipeline_stage
-    if (model_pipe > 1 or pc.optimizer_shard) and device_target == "CPU":
-        raise UserError(f"parallel_config.model_parallel = {pc.model_parallel}, pipeline_stage = {pc.pipeline_stage}, "
-                        f"optimizer_shard = {str(pc.optimizer_shard).lower()}: tensor and pipeline parallelism and "
-                        f"optimizer sharding use MindSpore's semi-auto parallel mode, which needs Ascend or GPU devices; "
-                        f"on CPU only data parallelism runs. Set model_parallel and pipeline_stage to 1 and "
-                        f"optimizer_shard to false here, or launch on Ascend.")
-    if pc.data_parallel is None:
-        if world_size % model_pipe:
-            raise UserError(f"{world_size} ranks cannot be split into model_parallel × pipeline_stage = {model_pipe}. "
-                            f"Launch a multiple of {model_pipe} workers.")
-        pc.data_parallel = world_size // model_pipe
-    if pc.data_parallel * model_pipe != world_size:
-        raise UserError(f"parallel_config: data_parallel × model_parallel × pipeline_stage = {pc.data_parallel} × "
-                        f"{pc.model_parallel} × {pc.pipeline_stage} = {pc.data_parallel * model_pipe}, but "
-                        f"{world_size} rank(s) were launched. Make the product equal the worker count "
-                        f"(or set data_parallel: null to derive it).")
-    return build_plan(cfg, world_size)
-
-
 def check_against_dataset(cfg, manifest, dataset_dir):
-    """The model must fit the data: sample length and vocabulary come from the manifest."""
+    """The model must fit the data: sample length and vocabulary come from the manifest. Returns the config with
+    model.vocab_size taken from the manifest when it was null (a new object)."""
     m = cfg.model
     sample_len = manifest["seq_length"]
     if m.seq_length > sample_len:
@@ -128,8 +112,9 @@ def check_against_dataset(cfg, manifest, dataset_dir):
                         f"with --seq-length {m.seq_length} into a new directory.")
     need = manifest["vocab_size"]
     if m.vocab_size is None:
-        m.vocab_size = need
-    elif m.vocab_size < need:
+        return replace(cfg, model=replace(m, vocab_size=need))
+    if m.vocab_size < need:
         raise UserError(f"model.vocab_size = {m.vocab_size} is smaller than the dataset's vocabulary ({need} tokens, "
                         f"largest id {manifest.get('max_token_id', need - 1)}) in '{dataset_dir}'. Set "
                         f"model.vocab_size >= {need}, or null to take it from the data.")
+    return cfg

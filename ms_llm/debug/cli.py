@@ -27,46 +27,32 @@ def cmd_overfit(args):
 
 def cmd_nan(args):
     """Replay a saved non-finite step (<run>/nan/step_<n>) or the step after checkpoint --step with the hunter."""
-    from model_zoo import build_model
-    from ms_llm.checkpoint import store
-    from ms_llm.config import load_config
     from ms_llm.debug.nan_hunter import format_report, hunt
     from ms_llm.train.context import setup_context
+    from ms_llm.train.run_model import find_run_checkpoint, load_run_config, load_run_model
 
-    cfg_path = os.path.join(args.run_dir, "config.yaml")
-    if not os.path.isfile(cfg_path):
-        raise UserError(f"'{args.run_dir}' is not a run directory (no config.yaml).")
-    cfg = load_config(cfg_path, args.overrides)
+    cfg = load_run_config(args.run_dir, args.overrides)
     setup_context(cfg.context)
     saved = sorted(glob.glob(os.path.join(args.run_dir, "nan", "step_*", "rank_0")),
                    key=lambda p: int(p.split("step_")[1].split(os.sep)[0]))
     if args.step is not None:
         saved = [p for p in saved if f"step_{args.step}{os.sep}" in p + os.sep]
-    import mindspore as ms
-
-    model = build_model(cfg.model, cfg.precision.compute_dtype)
     if saved and os.path.isfile(os.path.join(saved[-1], "state.ckpt")):
         where = saved[-1]
-        arrays = store.read_tensors(os.path.join(where, "state.ckpt"))
+        _, model, _ = load_run_model(args.run_dir, overrides=args.overrides,
+                                     checkpoint=os.path.join(where, "state.ckpt"))
         ids = np.load(os.path.join(where, "batch.npy"))
         ids = ids.reshape(-1, ids.shape[-1])
         print(f"replaying the saved non-finite step in {where}")
     elif args.step is not None:
-        directory = store.rank_dir(args.run_dir, 0)
-        manifest, why = store.verify(directory, args.step)
-        if manifest is None:
-            raise UserError(f"no saved NaN step and checkpoint step {args.step} is unusable ({why}). Checkpoints: "
-                            f"{store.list_checkpoints(directory) or 'none'}.")
-        arrays = store.read_tensors(store.checkpoint_path(directory, manifest))
+        path, manifest = find_run_checkpoint(args.run_dir, args.step)
+        _, model, _ = load_run_model(args.run_dir, overrides=args.overrides, checkpoint=path)
         ids = step_batch(cfg, manifest["consumed_samples"])
         where = os.path.join(args.run_dir, "nan", f"replay_step_{args.step + 1}")
         print(f"replaying step {args.step + 1} from checkpoint step {args.step}")
     else:
         raise UserError(f"'{args.run_dir}' has no saved non-finite step (run with monitor.nan_check: true) — pass "
                         f"--step N to replay the step after checkpoint N.")
-    ms.load_param_into_net(model, {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in arrays.items()
-                                   if not k.startswith(("adam_", "grad_accum"))})
-    model.set_train(False)
     report = hunt(model, ids, cfg.precision.compute_dtype)
     os.makedirs(where, exist_ok=True)
     with open(os.path.join(where, "report.json"), "w", encoding="utf-8") as f:

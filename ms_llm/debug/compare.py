@@ -17,35 +17,16 @@ from ms_llm.errors import UserError
 
 
 def make_dump(run_dir, out_dir, step=None, overrides=(), batch_size=None, log=print):
-    import mindspore as ms
-
-    from model_zoo import build_model
-    from ms_llm.checkpoint import store
-    from ms_llm.config import load_config
     from ms_llm.data.loader import eval_batches
     from ms_llm.data.manifest import load_manifest
     from ms_llm.debug.probe import param_grads, trace_forward
     from ms_llm.train.context import setup_context
+    from ms_llm.train.run_model import find_run_checkpoint, load_run_config, load_run_model
 
-    cfg_path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(cfg_path):
-        raise UserError(f"'{run_dir}' is not a run directory (no config.yaml).")
-    cfg = load_config(cfg_path, list(overrides))
-    setup_context(cfg.context)
-    directory = store.rank_dir(run_dir, 0)
-    if step is None:
-        step, manifest = store.newest_valid(directory, warn=log)
-    else:
-        manifest, why = store.verify(directory, step)
-        if manifest is None:
-            raise UserError(f"checkpoint step {step} in {directory} is unusable ({why}). Steps available: "
-                            f"{store.list_checkpoints(directory) or 'none'}.")
-    if step is None:
-        raise UserError(f"run '{run_dir}' has no usable checkpoint to dump.")
-    model = build_model(cfg.model, cfg.precision.compute_dtype)
-    arrays = store.read_tensors(store.checkpoint_path(directory, manifest))
-    ms.load_param_into_net(model, {k: ms.Parameter(ms.Tensor(v), name=k) for k, v in arrays.items()})
-    model.set_train(False)
+    setup_context(load_run_config(run_dir, overrides).context)
+    path, manifest = find_run_checkpoint(run_dir, step, log)
+    step = manifest["step"]
+    cfg, model, _ = load_run_model(run_dir, overrides=overrides, checkpoint=path)
     data_manifest = load_manifest(cfg.data.dataset_dir)
     batch = eval_batches(cfg.data.dataset_dir, data_manifest, batch_size or cfg.train.micro_batch_size, 1,
                          seq_length=cfg.model.seq_length)[0]

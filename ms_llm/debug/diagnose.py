@@ -7,7 +7,7 @@ grows as it should, and fp16 runs with the usual occasional overflow — produce
 """
 from ms_llm.debug.diagnose_common import SEVERITY_ORDER, memory_limit_gib
 from ms_llm.debug.diagnose_loss import rule_divergence, rule_labels, rule_nonfinite, rule_not_falling, rule_spikes
-from ms_llm.debug.diagnose_system import (rule_always_clipped, rule_comm, rule_data_wait, rule_events,
+from ms_llm.debug.diagnose_system import (rule_always_clipped, rule_data_wait, rule_events,
                                           rule_loss_scale, rule_low_mfu, rule_memory, rule_stats, rule_uneven)
 from ms_llm.debug.runs import load_run
 from ms_llm.errors import UserError
@@ -34,7 +34,7 @@ def exit_code(findings):
 
 
 RULES = [rule_nonfinite, rule_divergence, rule_not_falling, rule_labels, rule_spikes, rule_data_wait, rule_uneven,
-         rule_low_mfu, rule_loss_scale, rule_comm, rule_memory, rule_always_clipped, rule_stats, rule_events]
+         rule_low_mfu, rule_loss_scale, rule_memory, rule_always_clipped, rule_stats, rule_events]
 
 
 def format_report(run_dir, run, findings):

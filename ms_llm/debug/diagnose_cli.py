@@ -1,13 +1,9 @@
-"""The `diagnose` and `runs` subcommands. `add_parsers(subparsers)` registers them on ms_llm.cli's parser;
-`main(argv)` runs them on their own (python -m ms_llm.debug.diagnose_cli diagnose RUN).
+"""The `diagnose` and `runs` subcommands; `add_parsers(subparsers)` registers them on ms_llm.cli's parser.
 
 Exit codes: 0 = no findings (info notes allowed), 1 = findings (so `ms-llm diagnose` can gate CI),
 2 = bad input (a UserError, printed by the caller as one paragraph).
 """
 import json
-import sys
-
-from ms_llm.errors import UserError
 
 
 def cmd_diagnose(args):
@@ -19,9 +15,6 @@ def cmd_diagnose(args):
     if args.json:
         print(json.dumps({"run": args.run, "exit_code": code, "findings": [f.to_dict() for f in findings]},
                          default=str), flush=True)
-    if code:
-        # ms_llm.cli.main ignores return values: SystemExit carries the code to the shell either way
-        raise SystemExit(code)
     return code
 
 
@@ -59,25 +52,3 @@ def add_parsers(subparsers):
     p.add_argument("--diff", nargs=2, metavar=("A", "B"), help="config and environment differences of two runs")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=cmd_runs)
-
-
-def main(argv=None):
-    """Stand-alone entry with ms-llm's conventions (used by the tests until ms_llm.cli registers these)."""
-    from ms_llm.cli import ArgumentParser
-
-    parser = ArgumentParser(prog="ms-llm")
-    sub = parser.add_subparsers(dest="command", metavar="command", parser_class=ArgumentParser)
-    sub.required = True
-    add_parsers(sub)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args) or 0
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
-    except SystemExit as e:
-        return e.code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -2,7 +2,7 @@
 statistics flags and events."""
 import statistics
 
-from ms_llm.debug.diagnose_common import (CLIP_RATIO, CLIP_SHARE, COMM_FRAC, DATA_WAIT_FRAC, Finding, LOW_MFU,
+from ms_llm.debug.diagnose_common import (CLIP_RATIO, CLIP_SHARE, DATA_WAIT_FRAC, Finding, LOW_MFU,
     LOW_MFU_MIN_HIDDEN, MEMORY_FRAC, MIN_RECORDS, OVERFLOW_MIN, OVERFLOW_SHARE, SCALE_DROPS_MIN, SCALE_DROPS_SHARE,
     SLOW_FRAC, SLOW_MIN_RECORDS, SLOW_SHARE, finite, g, lr_actions, points, quoted, steps_text)
 
@@ -108,29 +108,6 @@ def rule_loss_scale(run, found, _):
         lr_actions(run)[0], f"ms-llm debug nan --run-dir {quoted(run.path)}",
         f"--set precision.scale_window={2 * run.cfg('precision.scale_window', 1000)} (fewer growth attempts)"]
     return [Finding("loss_scale", "warning", "frequent loss-scale overflows", ev, causes, actions, drops[:10])]
-
-
-# --- 8. communication ----------------------------------------------------------------------------------
-
-def rule_comm(run, found, _):
-    pts = steady(run, "comm_frac")
-    if not pts or statistics.median(v for _, v in pts) <= COMM_FRAC:
-        return None
-    med = statistics.median(v for _, v in pts)
-    par = run.info.get("parallel") or {}
-    ev = [f"median {100 * med:.0f}% of step time in communication over {len(pts)} records (rule of thumb: above "
-          f"{100 * COMM_FRAC:.0f}% is a problem)",
-          "layout: " + ", ".join(f"{k} {v}" for k, v in par.items()) if par else "layout: unknown"]
-    causes = ["gradient all-reduce not hidden behind compute: too little compute per step (small micro batch)",
-              "tensor (model) parallel across nodes: its per-layer collectives need the in-node links",
-              f"small fusion buckets (parallel_config.gradient_aggregation_group = "
-              f"{run.cfg('parallel_config.gradient_aggregation_group')})",
-              "slow inter-node network (RoCE misconfigured, falling back to TCP)"]
-    actions = [f"--set train.micro_batch_size={2 * run.cfg('train.micro_batch_size', 1)} or more accumulation "
-               f"(more compute per all-reduce)", "keep parallel_config.model_parallel within one node (<= 8)",
-               "--set parallel_config.gradient_aggregation_group=8", "ms-llm plan (estimated communication per device)"]
-    return [Finding("communication", "warning", f"multi-card slowdown: {100 * med:.0f}% of step time communicating",
-                    ev, causes, actions)]
 
 
 # --- 9. memory -----------------------------------------------------------------------------------------

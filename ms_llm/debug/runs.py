@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import run_config_path
 
 # Values the metrics writer stores as strings because JSON has no NaN/Inf (see monitor/metrics.py).
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf,
@@ -92,7 +93,7 @@ def load_run(path, need_metrics=True):
                         f"writes metrics.jsonl at the first log interval (train.log_interval steps): a run that "
                         f"stopped before that has no metrics yet. Check the path, or look at the run's logs/.")
     run = Run(path=path)
-    run.config, run.config_note = read_config(os.path.join(path, "config.yaml"))
+    run.config, run.config_note = read_config(run_config_path(path))
     run.info = read_json(os.path.join(path, "run_info.json"))
     records, run.bad_lines = read_jsonl(metrics)
     for r in records:

@@ -11,7 +11,7 @@ computed over the finite values.
 import mindspore as ms
 from mindspore import nn, ops
 
-from ms_llm.train.step import cross_entropy, sum_of_squares
+from ms_llm.train.step import sum_of_squares
 
 STAT_NAMES = ("mean", "std", "max_abs", "norm", "zero_frac", "nonfinite")
 
@@ -32,6 +32,14 @@ def tensor_stats(x):
     return ops.stack([mean, std, max_abs, ops.sqrt(sq), zero, nonfinite])
 
 
+def token_nll(logits, targets):
+    """Mean next-token negative log-likelihood from an explicit log-softmax in float32: a second derivation
+    of the loss, not the training step's ops.cross_entropy."""
+    logits = logits.reshape(-1, logits.shape[-1]).astype(ms.float32)
+    logp = logits - ops.logsumexp(logits, -1, True)
+    return -ops.gather_elements(logp, 1, targets.reshape(-1, 1)).mean()
+
+
 class MeanLoss(nn.Cell):
     """The next-token loss of one micro-batch divided by the micro-batches of a step, written here and not
     taken from the training step, so that a wrong loss in the step shows up as a mismatch. The statistics
@@ -43,7 +51,7 @@ class MeanLoss(nn.Cell):
 
     def construct(self, ids):
         states = self.model.hidden_states(ids[:, :-1])
-        loss = cross_entropy(self.model.logits(states[-1]), ids[:, 1:])
+        loss = token_nll(self.model.logits(states[-1]), ids[:, 1:])
         return loss / self.accum, (loss, ops.stack([tensor_stats(h) for h in states]))
 
 

@@ -14,15 +14,22 @@ import os
 import numpy as np
 
 from ms_llm.debug import nan_hunter
+from ms_llm.train.hooks import Hook
 
 
-class NanWatch:
-    def __init__(self, run_dir, rank, vocab_size, compute_dtype, log=print):
-        self.dir = os.path.join(run_dir, "nan")
-        self.rank, self.vocab, self.dtype, self.log = rank, vocab_size, compute_dtype, log
+class NanWatch(Hook):
+    """A trainer hook (`monitor.nan_check`)."""
+
+    def __init__(self):
         self.reported = False
 
-    def after_step(self, session, step, out, batches, writer):
+    def start(self, run):
+        s = run.session
+        self.dir = os.path.join(run.run_dir, "nan")
+        self.rank, self.dtype, self.log = s.rt.rank, s.cfg.precision.compute_dtype, run.log
+
+    def after_step(self, run, step, out, batches):
+        session, writer = run.session, run.writer
         loss, grad_norm, code = float(out[0].asnumpy()), float(out[1].asnumpy()), int(out[2].asnumpy())
         if self.reported or (math.isfinite(loss) and math.isfinite(grad_norm) and code != 1):
             return
@@ -54,25 +61,38 @@ def _wanted(name, targets):
     return not targets or any(t in name for t in targets)
 
 
-class TensorStats:
-    """Every `every` steps: residual-stream and gradient statistics of the step's batch on the pre-step
-    weights (one compiled probe, ms_llm.debug.stats_probe), AdamW moment norms, update ratios
-    ||Δw||/||w|| (host copies: models up to 200M parameters), and flags."""
+class TensorStats(Hook):
+    """A trainer hook (`monitor.tensor_stats`). Every `every` steps: residual-stream and gradient statistics of
+    the step's batch on the pre-step weights (one compiled probe, ms_llm.debug.stats_probe), AdamW moment norms,
+    update ratios ||Δw||/||w|| (host copies: models up to 200M parameters), and flags."""
 
     UPDATE_RATIO_LIMIT = 200_000_000
 
-    def __init__(self, cfg_stats, run_dir, rank, world_size, log=print):
+    def __init__(self, cfg_stats, run_dir=None, rank=0, world_size=1, log=print):
         self.cfg, self.log, self.world_size = cfg_stats, log, world_size
-        self.path = os.path.join(run_dir, "stats.jsonl") if rank == 0 else None
+        self.path = os.path.join(run_dir, "stats.jsonl") if run_dir and rank == 0 else None
         self.low = {}  # parameter -> consecutive records with a vanishing gradient
         self.history = []  # total gradient norms of earlier records
         self.probe = self.before = self.pending = None
+
+    def start(self, run):
+        rt = run.session.rt
+        self.path = os.path.join(run.run_dir, "stats.jsonl") if rt.rank == 0 else None
+        self.world_size, self.log = rt.world_size, run.log
 
     def due(self, step):
         """`step` is the number of steps done before this one."""
         return self.path is not None and (step + 1) % self.cfg.every == 0
 
-    def before_step(self, session, step, batches):
+    def before_step(self, run, step, batches):
+        if self.due(step):
+            self.probe_step(run.session, batches)
+
+    def after_step(self, run, step, out, batches):
+        if self.pending is not None:
+            self.record(run.session, step, out)
+
+    def probe_step(self, session, batches):
         from mindspore import ops
 
         from ms_llm.debug.stats_probe import StatsProbe
@@ -85,7 +105,7 @@ class TensorStats:
         acts, grads, moments, _ = self.probe(ops.stack(batches))
         self.pending = (acts.asnumpy(), grads.asnumpy(), moments.asnumpy())
 
-    def after_step(self, session, step, out):
+    def record(self, session, step, out):
         from ms_llm.debug.stats_probe import STAT_NAMES
 
         acts, grads, moments = self.pending

@@ -67,9 +67,12 @@ def parallel(t, facts):
         t.ignore_prefix("parallel.", "use_parallel is false: no parallel context")
         return
     mp = int(t.get(pc + "model_parallel", 1))
-    for k in ("data_parallel", "model_parallel", "pipeline_stage", "vocab_emb_dp", "gradient_aggregation_group"):
+    for k in ("data_parallel", "model_parallel", "pipeline_stage", "vocab_emb_dp"):
         if t.has(pc + k):
             t.mapped(pc + k, (pc + k, t.get(pc + k)))
+    if t.has(pc + "gradient_aggregation_group"):
+        t.ignored(pc + "gradient_aggregation_group", "MindSpore fuses the gradient all-reduce itself; ms_llm has no "
+                                                     "such setting")
     if t.get(pc + "use_seq_parallel", False) and mp == 1:
         t.mapped(pc + "use_seq_parallel", (pc + "use_seq_parallel", False),
                  "no effect without model_parallel > 1 (ms_llm refuses the combination)")

@@ -1,9 +1,15 @@
-"""Where a logged interval goes: the console line, metrics.jsonl and MindSpore Insight summaries."""
+"""Where a logged interval goes: the console line, metrics.jsonl, MindSpore Insight summaries and (optionally)
+TensorBoard event files."""
 import json
 import math
 import os
 
-SUMMARY_SCALARS = ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "val_loss")
+SUMMARY_SCALARS = ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "mfu", "mem_gib", "val_loss")
+
+
+def format_duration(s):
+    s = int(max(0, s))
+    return f"{s // 3600}h{s // 60 % 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
 def format_line(r, max_steps):
@@ -16,6 +22,8 @@ def format_line(r, max_steps):
              f"grad_norm {r['grad_norm']:.3f}", f"scale {r['loss_scale']:g}", f"skipped {r['skipped']}",
              f"{r['tokens_per_s']:,.0f} tok/s", f"mfu {100 * r['mfu']:.1f}%", f"mem {r['mem_gib']:.2f} GiB",
              f"data {100 * r['data_wait_frac']:.0f}%"]
+    if r.get("ms_per_step"):
+        parts += [f"{r['ms_per_step']:,.0f} ms/step", f"ETA {format_duration(r['eta_s'])}"]
     return " | ".join(parts)
 
 
@@ -28,30 +36,38 @@ def _clean(v):
 class MetricsWriter:
     """Writes records on rank 0 only; other ranks print their lines to their own (msrun) log."""
 
-    def __init__(self, run_dir, rank, max_steps, summary=True, echo=print):
+    def __init__(self, run_dir, rank, max_steps, monitor=None, echo=print):
+        """`monitor`: the config's monitor section (summary, tensorboard switches); None: neither."""
         self.rank, self.max_steps, self.echo = rank, max_steps, echo
         self.jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8") if rank == 0 else None
-        self.summary = None
-        if summary and rank == 0:
+        self.sinks = []  # scalar writers: .scalars(step, {name: value}), .close()
+        if rank == 0 and monitor is not None and monitor.summary:
             from ms_llm.monitor.summary import InsightSummary
 
-            self.summary = InsightSummary(os.path.join(run_dir, "summary"))
+            self.sinks.append(InsightSummary(os.path.join(run_dir, "summary")))
+        if rank == 0 and monitor is not None and monitor.tensorboard:
+            from ms_llm.monitor.tensorboard import TensorBoardWriter
 
-    def write(self, record):
-        self.echo(format_line(record, self.max_steps) if "step" in record else json.dumps(record))
+            self.sinks.append(TensorBoardWriter(os.path.join(run_dir, "tensorboard")))
+
+    def write(self, record, echo=True):
+        if echo:
+            self.echo(format_line(record, self.max_steps) if "step" in record else json.dumps(record))
         if self.jsonl is None:
             return
         self.jsonl.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self.jsonl.flush()
-        if self.summary is not None and "step" in record:
+        if self.sinks and "step" in record:
             scalars = {k: record[k] for k in SUMMARY_SCALARS
                        if isinstance(record.get(k), (int, float)) and math.isfinite(record[k])}
-            self.summary.scalars(record["step"], scalars)
+            if scalars:
+                for sink in self.sinks:
+                    sink.scalars(record["step"], scalars)
 
     def close(self):
         if self.jsonl is not None:
             self.jsonl.close()
             self.jsonl = None
-        if self.summary is not None:
-            self.summary.close()
-            self.summary = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []

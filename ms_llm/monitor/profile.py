@@ -5,45 +5,62 @@ import os
 
 
 class ProfileWindow:
-    """Collects a `mindspore.Profiler` trace for steps [start_step, stop_step) and prints the top operators."""
+    """A trainer hook: a `mindspore.profiler.profile` trace of steps [start_step, stop_step), the top-10 operator
+    table at its end (printed and kept in run_info.json), and the window marked in the metrics
+    (`profile_start` / `profile_stop` events) so that its slower steps are not read as an anomaly."""
 
-    def __init__(self, start_step, stop_step, output_dir, device_target, log=print, top=10):
-        self.start, self.stop, self.output_dir = start_step, stop_step, output_dir
-        self.device_target, self.log, self.top = device_target, log, top
-        self.profiler = None
-        self.table = None
+    def __init__(self, profile_cfg, top=10):
+        self.cfg, self.top = profile_cfg, top
+        self.prof = self.table = self.output_dir = None
+        self.started = 0
 
-    def before_step(self, step):
-        """`step` is 0-based: the number of steps already done."""
-        if step == self.start and self.profiler is None:
-            import mindspore as ms
-            from mindspore.profiler import ProfilerActivity
+    def start(self, run):
+        self.output_dir = self.cfg.output_dir or os.path.join(run.run_dir, "profile", f"rank_{run.session.rt.rank}")
+        self.stop_step = min(self.cfg.stop_step, run.session.cfg.train.max_steps)
 
-            activities = [ProfilerActivity.CPU]
-            if self.device_target == "Ascend":
-                activities.append(ProfilerActivity.NPU)
-            elif self.device_target == "GPU":
-                activities.append(ProfilerActivity.GPU)
-            os.makedirs(self.output_dir, exist_ok=True)
-            self.profiler = ms.Profiler(output_path=self.output_dir, activities=activities)
-            self.log(f"profiler: recording steps {self.start + 1}..{self.stop} into {self.output_dir}")
-
-    def after_step(self, step_done):
-        if self.profiler is not None and step_done >= self.stop:
-            self.finish(step_done - self.start)
-
-    def finish(self, steps):
-        if self.profiler is None:
+    def before_step(self, run, step, batches):
+        if step != self.cfg.start_step or self.prof is not None:
             return
-        self.profiler.stop()
-        self.profiler.analyse()
-        self.profiler = None
-        rows = top_operators(self.output_dir, max(1, steps), self.top)
+        from mindspore.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        target = run.session.rt.device_target
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.NPU] if target == "Ascend" else
+                                               [ProfilerActivity.GPU] if target == "GPU" else [])
+        os.makedirs(self.output_dir, exist_ok=True)
+        steps = self.stop_step - step
+        self.prof = profile(activities=activities, schedule=schedule(wait=0, warmup=0, active=steps, repeat=1),
+                            on_trace_ready=tensorboard_trace_handler(self.output_dir))
+        self.prof.start()
+        self.started, self.steps_seen = step, 0
+        run.writer.write({"step": step, "event": "profile_start", "until_step": self.stop_step}, echo=False)
+        run.log(f"profiler: recording steps {step + 1}..{self.stop_step} into {self.output_dir}")
+
+    def after_step(self, run, step, out, batches):
+        if self.prof is None:
+            return
+        self.prof.step()
+        self.steps_seen += 1
+        if step + 1 >= self.stop_step:
+            self.end(run, step + 1)
+
+    def finish(self, run):
+        if self.prof is not None:  # the run ended inside the window
+            self.end(run, self.started + self.steps_seen)
+        if self.table:
+            run.extra["profile_top_ops"] = [{"op": op, "ms_per_step": ms_, "calls_per_step": c, "share": sh}
+                                            for op, ms_, c, sh in self.table]
+
+    def end(self, run, done):
+        self.prof.stop()
+        self.prof = None
+        steps = max(1, done - self.started)
+        run.writer.write({"step": done, "event": "profile_stop", "steps": steps}, echo=False)
+        rows = top_operators(self.output_dir, steps, self.top)
         self.table = rows
         if rows:
-            self.log(format_top_table(rows, steps))
+            run.log(format_top_table(rows, steps))
         else:
-            self.log(f"profiler: trace written to {self.output_dir} (no operator statistics found to summarise)")
+            run.log(f"profiler: trace written to {self.output_dir} (no operator statistics found to summarise)")
 
 
 def top_operators(output_dir, steps, top=10):

@@ -6,7 +6,7 @@ The tanh-approximate GELU (GPT-2's) is written out: on CPU, ops.gelu and its gra
 import mindspore as ms
 from mindspore import nn, ops
 
-from ms_llm.nn import cpu_kernels
+from ms_llm.nn.backend import PORTABLE
 
 SQRT_2_OVER_PI = 0.7978845608028654
 
@@ -18,12 +18,12 @@ def gelu_tanh(x):
 
 
 class GeluTanh(nn.Cell):
-    """GPT-2's GELU; one fused CPU kernel forward and one backward when cpu_kernels are active."""
+    """GPT-2's GELU; one fused CPU kernel forward and one backward on a backend with cpu_kernels."""
 
-    def __init__(self, compute_dtype=ms.float32):
+    def __init__(self, compute_dtype=ms.float32, backend=PORTABLE):
         super().__init__()
-        self.fused = cpu_kernels.active() and compute_dtype == ms.float32
-        self.op = cpu_kernels.op("gelu_tanh") if self.fused else None
+        self.op = backend.kernel("gelu_tanh") if compute_dtype == ms.float32 else None
+        self.fused = self.op is not None
 
     def recompute(self, **kwargs):
         """MindSpore does not recompute custom AOT ops, so a recomputed GELU uses the composition."""

@@ -9,7 +9,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from ms_llm.nn import device
+from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.linear import Linear
 from ms_llm.nn.rope import RotaryEmbedding
 
@@ -17,9 +17,9 @@ MASKED = -1e9  # finite, so a fully masked row cannot produce NaN
 FLASH_MASK = 2048  # FlashAttentionScore's causal mode (sparse_mode=2) takes a fixed 2048x2048 mask
 
 
-def use_flash_attention(compute_dtype, head_dim, dropout):
+def use_flash_attention(compute_dtype, head_dim, dropout, backend):
     """Ascend's fused FlashAttentionScore: float16/bfloat16, head size a multiple of 16, no dropout."""
-    return device.is_ascend() and compute_dtype in (ms.float16, ms.bfloat16) and head_dim % 16 == 0 and dropout == 0
+    return backend.ascend and compute_dtype in (ms.float16, ms.bfloat16) and head_dim % 16 == 0 and dropout == 0
 
 
 class AttentionCore(nn.Cell):
@@ -27,12 +27,13 @@ class AttentionCore(nn.Cell):
     recomputes and tensor parallelism splits by head. Its primitives are attributes so that
     `ms_llm.parallel` can shard them by name from outside."""
 
-    def __init__(self, num_heads, num_kv_heads, head_dim, seq_length, dropout=0.0, compute_dtype=ms.float32):
+    def __init__(self, num_heads, num_kv_heads, head_dim, seq_length, dropout=0.0, compute_dtype=ms.float32,
+                 backend=PORTABLE):
         super().__init__()
         self.num_heads, self.groups, self.head_dim = num_heads, num_heads // num_kv_heads, head_dim
         self.scale = 1.0 / math.sqrt(head_dim)
         self.dtype = compute_dtype
-        self.flash = use_flash_attention(compute_dtype, head_dim, dropout)
+        self.flash = use_flash_attention(compute_dtype, head_dim, dropout, backend)
         if self.flash:  # 1 = masked, upper triangle: the compressed causal mask of sparse_mode=2
             self.mask = ms.Tensor(np.triu(np.ones((FLASH_MASK, FLASH_MASK), np.uint8), 1))
         else:
@@ -62,7 +63,7 @@ class AttentionCore(nn.Cell):
 
 class CausalSelfAttention(nn.Cell):
     def __init__(self, hidden, num_heads, num_kv_heads, seq_length, bias=False, init_std=0.02, out_std=0.02,
-                 dropout=0.0, rope_theta=None, compute_dtype=ms.float32):
+                 dropout=0.0, rope_theta=None, compute_dtype=ms.float32, backend=PORTABLE):
         super().__init__()
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
         self.head_dim = hidden // num_heads
@@ -70,7 +71,7 @@ class CausalSelfAttention(nn.Cell):
         self.out = Linear(num_heads * self.head_dim, hidden, bias, out_std, compute_dtype)
         self.rope = RotaryEmbedding(self.head_dim, seq_length, rope_theta) if rope_theta else None
         self.use_rope = rope_theta is not None
-        self.core = AttentionCore(num_heads, num_kv_heads, self.head_dim, seq_length, dropout, compute_dtype)
+        self.core = AttentionCore(num_heads, num_kv_heads, self.head_dim, seq_length, dropout, compute_dtype, backend)
         self.flash = self.core.flash
         self.resid_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 

@@ -3,15 +3,17 @@ import mindspore as ms
 from mindspore import nn
 
 from ms_llm.nn.activations import GeluTanh, silu
+from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.linear import Linear
 
 
 class GeluMLP(nn.Cell):
-    def __init__(self, hidden, ffn, bias, init_std, out_std, dropout=0.0, compute_dtype=ms.float32):
+    def __init__(self, hidden, ffn, bias, init_std, out_std, dropout=0.0, compute_dtype=ms.float32,
+                 backend=PORTABLE):
         super().__init__()
         self.up = Linear(hidden, ffn, bias, init_std, compute_dtype)
         self.down = Linear(ffn, hidden, bias, out_std, compute_dtype)
-        self.act = GeluTanh(compute_dtype)
+        self.act = GeluTanh(compute_dtype, backend)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
     def construct(self, x):

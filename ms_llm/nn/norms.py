@@ -3,7 +3,7 @@ import numpy as np
 import mindspore as ms
 from mindspore import nn, ops
 
-from ms_llm.nn import cpu_kernels, device
+from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.init import ones, zeros
 
 
@@ -11,20 +11,20 @@ class LayerNorm(nn.Cell):
     """LayerNorm over the last axis, computed on a 2-D (rows, hidden) view so that the gradients of the
     gain and bias are single-axis reductions (MindSpore's multi-axis CPU ReduceSum is ~4x slower).
 
-    With cpu_kernels active it is one fused kernel forward and one backward; otherwise it is written out
+    On a backend with cpu_kernels it is one fused kernel forward and one backward; otherwise it is written out
     from mean and variance, which on CPU beats the LayerNorm/LayerNormGrad kernels (docs/performance.md).
     """
 
-    def __init__(self, dim, eps=1e-5, bias=True):
+    def __init__(self, dim, eps=1e-5, bias=True, backend=PORTABLE):
         super().__init__()
         self.weight = ones((dim,), "weight")
         self.bias = zeros((dim,), "bias") if bias else None
         self.has_bias = bias
         self.eps = eps
-        self.fused = cpu_kernels.active()
-        self.ascend = device.is_ascend()  # Ascend's fused LayerNorm kernel
+        self.op = backend.kernel("layer_norm")
+        self.fused = self.op is not None
+        self.ascend = backend.ascend and not self.fused  # Ascend's fused LayerNorm kernel
         if self.fused:
-            self.op = cpu_kernels.op("layer_norm")
             self.eps_tensor = ms.Tensor([eps], ms.float32)
         elif self.ascend:
             self.op = ops.LayerNorm(-1, -1, eps)
@@ -50,11 +50,11 @@ class LayerNorm(nn.Cell):
 class RMSNorm(nn.Cell):
     """x / sqrt(mean(x^2) + eps) * w in float32; Ascend's fused RmsNorm kernel there."""
 
-    def __init__(self, dim, eps=1e-5):
+    def __init__(self, dim, eps=1e-5, backend=PORTABLE):
         super().__init__()
         self.weight = ones((dim,), "weight")
         self.eps = eps
-        self.ascend = device.is_ascend()
+        self.ascend = backend.ascend
         self.op = ops.RmsNorm(eps) if self.ascend else None
 
     def construct(self, x):

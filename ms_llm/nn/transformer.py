@@ -2,7 +2,7 @@
 import mindspore as ms
 from mindspore import nn, ops
 
-from ms_llm.nn import device
+from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.init import normal
 
 
@@ -36,12 +36,12 @@ class FrontReusedDecoderLayer(DecoderLayer):
         super().__init__(attn_norm, attention, mlp_norm, mlp)
 
 
-def decoder_layer(attn_norm, attention, mlp_norm, mlp):
-    """The repeated decoder layer, with the cell reuse the target backend supports."""
-    if not device.layer_reuse():
+def decoder_layer(attn_norm, attention, mlp_norm, mlp, backend=PORTABLE):
+    """The repeated decoder layer, with the cell reuse the backend supports."""
+    if not backend.layer_reuse:
         cls = DecoderLayer
     else:
-        cls = ReusedDecoderLayer if device.is_ascend() else FrontReusedDecoderLayer
+        cls = ReusedDecoderLayer if backend.ascend else FrontReusedDecoderLayer
     return cls(attn_norm, attention, mlp_norm, mlp)
 
 

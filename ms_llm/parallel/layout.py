@@ -6,10 +6,13 @@ Strategies use MindSpore's semi-auto convention: one tuple per input, one entry 
 number of slices along that axis. Activations are 2-D (tokens, hidden) in the linear layers and 4-D
 (batch, heads, seq, head_dim) in attention; weights are (out, in) and multiplied with transpose_b.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from ms_llm.errors import UserError
+from ms_llm.parallel.memory import Layout, ModelShape
+
+DEFAULT_DEVICES_PER_NODE = 8
 
 
 @dataclass
@@ -143,62 +146,136 @@ def recompute_layers(rc, stage_of_layer, pp):
     return out
 
 
+# -- the rules a layout must satisfy: the one copy, used by training, conversion and the planner -------------
+
+def invalid_reasons(shape, layout, devices, check_batch=True):
+    """Every reason the layout cannot run, each naming the numbers and the fix ([] when valid).
+    `check_batch=False` skips the batch arithmetic, for uses that only need the model's slicing (resharding)."""
+    d = layout
+    reasons = []
+    if d.dp * d.mp * d.pp != devices:
+        reasons.append(f"data_parallel × model_parallel × pipeline_stage = {d.dp} × {d.mp} × {d.pp} = "
+                       f"{d.dp * d.mp * d.pp}, but there are {devices} devices: make the product equal "
+                       f"{devices} (or set parallel_config.data_parallel: null to derive it)")
+    for name, value in (("model.num_heads", shape.heads), ("model.num_kv_heads", shape.kv_heads),
+                        ("model.ffn_hidden_size", shape.ffn), ("model.hidden_size", shape.hidden)):
+        if value % d.mp:
+            reasons.append(f"{name} = {value} is not divisible by model_parallel = {d.mp}: tensor parallelism "
+                           f"splits it evenly; use a model_parallel that divides {value}")
+    if not d.vocab_emb_dp and shape.vocab and shape.vocab % d.mp:
+        reasons.append(f"model.vocab_size = {shape.vocab} is not divisible by model_parallel = {d.mp} with "
+                       f"vocab_emb_dp = false (embedding and head split by vocabulary): pad the vocabulary to a "
+                       f"multiple of {d.mp} or set parallel_config.vocab_emb_dp: true")
+    if d.seq_parallel and d.mp == 1:
+        reasons.append("use_seq_parallel = true needs model_parallel > 1: sequence parallelism splits what tensor "
+                       "parallelism replicates; set it to false")
+    if shape.num_layers < d.pp:
+        reasons.append(f"model.num_layers = {shape.num_layers} is smaller than pipeline_stage = {d.pp}: every stage "
+                       f"needs at least one layer; use pipeline_stage <= {shape.num_layers}")
+    if d.pp == 1 and d.micro_batch_num != 1:
+        reasons.append(f"micro_batch_num = {d.micro_batch_num} without a pipeline (pipeline_stage = 1): it counts "
+                       f"pipeline micro-batches only; without a pipeline, accumulation is derived as global / "
+                       f"(data_parallel × micro_batch_size), so remove micro_batch_num or set it to 1")
+    if d.pp > 1 and d.micro_batch_num < d.pp:
+        reasons.append(f"micro_batch_num = {d.micro_batch_num} is smaller than pipeline_stage = {d.pp}: some stages "
+                       f"would idle every step; use at least {d.pp} micro-batches (4 × {d.pp} = {4 * d.pp} keeps "
+                       f"the bubble under 20%)")
+    per_step = d.dp * d.micro_batch_size
+    if check_batch and d.global_batch % per_step:
+        reasons.append(f"train.global_batch_size = {d.global_batch} is not divisible by data_parallel × "
+                       f"micro_batch_size = {d.dp} × {d.micro_batch_size} = {per_step}: choose a multiple of "
+                       f"{per_step}, or change the micro batch (accumulation steps are derived as global / "
+                       f"(micro × data_parallel))")
+    elif check_batch and d.pp > 1 and d.micro_batch_num != d.micro_batches_per_step:
+        reasons.append(f"micro_batch_num = {d.micro_batch_num}, but with pipeline_stage > 1 ms_llm runs all of a "
+                       f"step's micro-batches as one pipeline round: global / (dp × micro) = {d.global_batch} / "
+                       f"({d.dp} × {d.micro_batch_size}) = {d.micro_batches_per_step}; set micro_batch_num: "
+                       f"{d.micro_batches_per_step} or change the batch sizes")
+    if d.stage_layers and (len(d.stage_layers) != d.pp or sum(d.stage_layers) != shape.num_layers
+                           or min(d.stage_layers) < 1):
+        reasons.append(f"parallel_config.stage_layers = {list(d.stage_layers)} must list {d.pp} positive layer "
+                       f"counts summing to model.num_layers = {shape.num_layers}")
+    if d.full_recompute_layers and len(d.full_recompute_layers) != d.pp:
+        reasons.append(f"recompute_config.recompute = {list(d.full_recompute_layers)} lists layers for "
+                       f"{len(d.full_recompute_layers)} stages, but pipeline_stage = {d.pp}: give one count "
+                       f"per stage")
+    return reasons
+
+
+def flash_attention_default(cfg):
+    """Whether ms_llm would use Ascend's FlashAttentionScore: the rule of ms_llm/nn/attention.py
+    (16-bit compute, head size a multiple of 16, no dropout), the device assumed to be Ascend."""
+    m = cfg.model
+    return (cfg.precision.compute_dtype in ("float16", "bfloat16") and (m.hidden_size // m.num_heads) % 16 == 0
+            and m.dropout == 0)
+
+
+def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_NODE, flash_attention=None):
+    """(Layout, devices) for a loaded Config. devices: --devices, else dp·mp·pp, else one node.
+    flash_attention: None = ms_llm's own rule (`flash_attention_default`)."""
+    pc, rc = cfg.parallel_config, cfg.recompute_config
+    if devices is not None and devices <= 0:
+        raise UserError(f"--devices = {devices} must be a positive number of devices, e.g. --devices 8.")
+    model_pipe = pc.model_parallel * pc.pipeline_stage
+    if devices is None:
+        devices = pc.data_parallel * model_pipe if pc.data_parallel else max(devices_per_node, model_pipe)
+    dp = pc.data_parallel or max(1, devices // model_pipe)
+    full_layers = ()
+    if isinstance(rc.recompute, list):
+        full_layers = tuple(rc.recompute)
+        if any(n < 0 for n in full_layers):
+            raise UserError(f"recompute_config.recompute = {rc.recompute}: layer counts must be >= 0.")
+        mode = "selective" if rc.select_recompute else "none"
+    else:
+        mode = "full" if rc.recompute else "selective" if rc.select_recompute else "none"
+    layout = Layout(dp=dp, mp=pc.model_parallel, pp=pc.pipeline_stage, micro_batch_size=cfg.train.micro_batch_size,
+                    micro_batch_num=pc.micro_batch_num, global_batch=cfg.train.global_batch_size,
+                    seq_parallel=pc.use_seq_parallel, optimizer_shard=pc.optimizer_shard, recompute=mode,
+                    full_recompute_layers=full_layers, stage_layers=tuple(pc.stage_layers or ()),
+                    vocab_emb_dp=pc.vocab_emb_dp,
+                    compute_dtype=cfg.precision.compute_dtype,
+                    flash_attention=flash_attention_default(cfg) if flash_attention is None else flash_attention)
+    return layout, devices  # when devices is no multiple of mp·pp, invalid_reasons names the mismatch
+
+
 def build_plan(cfg, devices, check_batch=True):
     """Validate the parallel layout against the model and the device count; return the plan.
 
     `check_batch=False` skips the batch arithmetic, for uses that only need the model's slicing (resharding)."""
-    m, pc, t, rc = cfg.model, cfg.parallel_config, cfg.train, cfg.recompute_config
-    mp, pp = pc.model_parallel, pc.pipeline_stage
-    dp = pc.data_parallel if pc.data_parallel is not None else devices // (mp * pp) if devices % (mp * pp) == 0 else 0
-    if dp * mp * pp != devices or dp == 0:
-        raise UserError(f"parallel_config: data_parallel × model_parallel × pipeline_stage = "
-                        f"{pc.data_parallel or '?'} × {mp} × {pp} must equal the {devices} devices. Choose factors of "
-                        f"{devices} (data_parallel: null derives it from the other two).")
-    kv = m.num_kv_heads or m.num_heads
-    for name, value in (("model.num_heads", m.num_heads), ("model.num_kv_heads", kv),
-                        ("model.hidden_size", m.hidden_size), ("model.ffn_hidden_size", m.ffn_hidden_size)):
-        if value % mp:
-            raise UserError(f"{name} = {value} is not divisible by parallel_config.model_parallel = {mp}: tensor "
-                            f"parallelism splits it evenly over {mp} devices. Use a model_parallel that divides {value}.")
-    if not pc.vocab_emb_dp and m.vocab_size and m.vocab_size % mp:
-        raise UserError(f"model.vocab_size = {m.vocab_size} is not divisible by parallel_config.model_parallel = {mp} "
-                        f"while vocab_emb_dp is false (the embedding is split by vocabulary). Pad the vocabulary to a "
-                        f"multiple of {mp} or set parallel_config.vocab_emb_dp: true.")
-    if m.num_layers < pp:
-        raise UserError(f"model.num_layers = {m.num_layers} is smaller than parallel_config.pipeline_stage = {pp}: "
-                        f"every stage needs at least one layer.")
-    if pc.use_seq_parallel and mp == 1:
-        raise UserError("parallel_config.use_seq_parallel = true needs parallel_config.model_parallel > 1: sequence "
-                        "parallelism splits the work that tensor parallelism replicates. Set it to false.")
-    per_step = t.micro_batch_size * dp
-    if check_batch and t.global_batch_size % per_step:
-        raise UserError(f"train.global_batch_size = {t.global_batch_size} is not divisible by "
-                        f"train.micro_batch_size × data_parallel = {t.micro_batch_size} × {dp} = {per_step}. Choose a "
-                        f"global batch that is a multiple of {per_step}, or change the micro batch; accumulation "
-                        f"steps are derived as global / (micro × data_parallel).")
-    accum = max(1, t.global_batch_size // per_step)
-    micro = accum  # micro-batches per step on each data-parallel rank (the pipeline's, when pp > 1)
+    m, pc, rc = cfg.model, cfg.parallel_config, cfg.recompute_config
+    layout, devices = layout_from_config(cfg, devices)
+    # the vocabulary may still be unknown (taken from the dataset later): its rule then waits for the rebuild
+    shape = ModelShape.from_config(m if m.vocab_size else replace(m, vocab_size=0))
+    reasons = invalid_reasons(shape, layout, devices, check_batch)
+    if reasons:
+        raise UserError("parallel layout: " + "; ".join(reasons) + ".")
+    dp, mp, pp = layout.dp, layout.mp, layout.pp
+    accum = max(1, cfg.train.global_batch_size // (layout.micro_batch_size * dp))
     warnings = []
-    if pp > 1 and check_batch:
-        if pc.micro_batch_num != accum:
-            raise UserError(f"parallel_config.micro_batch_num = {pc.micro_batch_num}, but with pipeline_stage > 1 the "
-                            f"micro-batches of a step are global_batch_size / (data_parallel × micro_batch_size) = "
-                            f"{accum}. Set micro_batch_num: {accum}, or change the batch sizes.")
-        if micro < pp:
-            raise UserError(f"parallel_config.micro_batch_num = {micro} is smaller than pipeline_stage = {pp}: some "
-                            f"stages would idle every step. Use at least {pp} micro-batches (4 × {pp} = {4 * pp} keeps "
-                            f"the bubble under 20%).")
-        if micro < 4 * pp:
-            warnings.append(f"micro_batch_num = {micro} < 4 × pipeline_stage: pipeline bubble "
-                            f"{100 * (pp - 1) / (micro + pp - 1):.0f}% of step time")
-    override = getattr(pc, "stage_layers", None)
-    if override and (len(override) != pp or sum(override) != m.num_layers or min(override) < 1):
-        raise UserError(f"parallel_config.stage_layers = {override} must list {pp} positive layer counts summing to "
-                        f"model.num_layers = {m.num_layers}.")
-    if isinstance(rc.recompute, list) and (len(rc.recompute) != pp or any(n < 0 for n in rc.recompute)):
-        raise UserError(f"recompute_config.recompute = {rc.recompute}: a list gives the number of recomputed layers "
-                        f"per pipeline stage, so it needs {pp} non-negative entries (or use true/false).")
+    if pp > 1 and check_batch and accum < 4 * pp:
+        warnings.append(f"micro_batch_num = {accum} < 4 × pipeline_stage: pipeline bubble "
+                        f"{100 * (pp - 1) / (accum + pp - 1):.0f}% of step time")
+    override = pc.stage_layers
     strategies, outs = decoder_strategies(m.arch, dp, mp, pc.use_seq_parallel, pc.vocab_emb_dp)
     stages = balanced_stages(m.num_layers, pp, override)
-    return ParallelPlan(devices, dp, mp, pp, micro, accum, pc.use_seq_parallel, pc.optimizer_shard,
+    return ParallelPlan(devices, dp, mp, pp, accum, accum, pc.use_seq_parallel, pc.optimizer_shard,
                         pc.vocab_emb_dp, strategies, outs, stages, recompute_layers(rc, stages, pp), warnings)
+
+
+def resolve_layout(cfg, world_size, device_target):
+    """The config with parallel_config.data_parallel derived for this launch (a new object; `cfg` is left as it
+    was loaded), and its validated plan. Refuses layouts the device cannot run."""
+    pc = cfg.parallel_config
+    model_pipe = pc.model_parallel * pc.pipeline_stage
+    if (model_pipe > 1 or pc.optimizer_shard) and device_target == "CPU":
+        raise UserError(f"parallel_config.model_parallel = {pc.model_parallel}, pipeline_stage = {pc.pipeline_stage}, "
+                        f"optimizer_shard = {str(pc.optimizer_shard).lower()}: tensor and pipeline parallelism and "
+                        f"optimizer sharding use MindSpore's semi-auto parallel mode, which needs Ascend or GPU devices; "
+                        f"on CPU only data parallelism runs. Set model_parallel and pipeline_stage to 1 and "
+                        f"optimizer_shard to false here, or launch on Ascend.")
+    if pc.data_parallel is None:
+        if world_size % model_pipe:
+            raise UserError(f"{world_size} ranks cannot be split into model_parallel × pipeline_stage = {model_pipe}. "
+                            f"Launch a multiple of {model_pipe} workers.")
+        cfg = replace(cfg, parallel_config=replace(pc, data_parallel=world_size // model_pipe))
+    return cfg, build_plan(cfg, world_size)

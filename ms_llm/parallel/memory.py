@@ -33,7 +33,7 @@ class ModelShape:
     @classmethod
     def from_config(cls, m):
         """From a validated `ModelConfig` (num_kv_heads and ffn_hidden_size already filled in)."""
-        if m.vocab_size is None:
+        if m.vocab_size is None:  # 0: not known yet, and its checks skipped
             raise UserError("model.vocab_size is null: planning needs the vocabulary size, which training otherwise "
                             "takes from the dataset manifest. Pass it, e.g. --set model.vocab_size=32000, or use a "
                             "preset (--set model.preset=llama2-7b).")

@@ -8,7 +8,9 @@ costs; it does not replace a measured step (`ms-llm benchmark`).
 from dataclasses import dataclass, replace
 
 from ms_llm.errors import UserError
-from ms_llm.parallel.memory import (GIB, FP32_BYTES, Layout, ModelShape, layers_per_stage, peak_stage,
+from ms_llm.parallel.layout import (DEFAULT_DEVICES_PER_NODE, invalid_reasons,  # noqa: F401 (planner API)
+                                    layout_from_config)
+from ms_llm.parallel.memory import (GIB, FP32_BYTES, ModelShape, layers_per_stage, peak_stage,
                                     total_bytes)
 
 # Defaults: an Atlas 800T A2 node (8 × Ascend 910B-class, 64 GB HBM each, HCCS inside the node, one
@@ -18,7 +20,6 @@ DEFAULT_DEVICE_TFLOPS = 280.0  # dense 16-bit peak, the same default monitor/thr
 DEFAULT_MFU = 0.5  # share of peak the matmuls sustain; see docs/parallel_planning.md
 DEFAULT_INTRA_GBPS = 196.0  # GB/s per device over HCCS
 DEFAULT_INTER_GBPS = 25.0  # GB/s per device: 200 Gb/s RoCE
-DEFAULT_DEVICES_PER_NODE = 8
 
 COMM_FLAG = 0.20  # communication above 20% of the step: the practitioner's rule of thumb
 BUBBLE_FLAG = 0.20
@@ -38,55 +39,6 @@ class Cluster:
     @property
     def nodes(self):
         return -(-self.devices // self.devices_per_node)
-
-
-# -- validity -----------------------------------------------------------------------------------------
-
-def invalid_reasons(shape, layout, devices):
-    """Every reason the layout cannot run, each naming the numbers and the fix ([] when valid)."""
-    d = layout
-    reasons = []
-    if d.dp * d.mp * d.pp != devices:
-        reasons.append(f"data_parallel × model_parallel × pipeline_stage = {d.dp} × {d.mp} × {d.pp} = "
-                       f"{d.dp * d.mp * d.pp}, but the cluster has {devices} devices: make the product equal "
-                       f"{devices} (or set parallel_config.data_parallel: null to derive it)")
-    for name, value in (("model.num_heads", shape.heads), ("model.num_kv_heads", shape.kv_heads),
-                        ("model.ffn_hidden_size", shape.ffn), ("model.hidden_size", shape.hidden)):
-        if value % d.mp:
-            reasons.append(f"{name} = {value} is not divisible by model_parallel = {d.mp}: tensor parallelism "
-                           f"splits it evenly; use a model_parallel that divides {value}")
-    if not d.vocab_emb_dp and shape.vocab % d.mp:
-        reasons.append(f"model.vocab_size = {shape.vocab} is not divisible by model_parallel = {d.mp} with "
-                       f"vocab_emb_dp = false (embedding and head split by vocabulary): pad the vocabulary to a "
-                       f"multiple of {d.mp} or set parallel_config.vocab_emb_dp: true")
-    if d.seq_parallel and d.mp == 1:
-        reasons.append("use_seq_parallel = true needs model_parallel > 1: sequence parallelism splits what tensor "
-                       "parallelism replicates; set it to false")
-    if shape.num_layers < d.pp:
-        reasons.append(f"model.num_layers = {shape.num_layers} is less than pipeline_stage = {d.pp}: every stage "
-                       f"needs at least one layer; use pipeline_stage <= {shape.num_layers}")
-    if d.pp > 1 and d.micro_batch_num < d.pp:
-        reasons.append(f"micro_batch_num = {d.micro_batch_num} is less than pipeline_stage = {d.pp}: a 1F1B pipeline "
-                       f"needs at least one micro-batch per stage in flight; set micro_batch_num >= {d.pp}")
-    per_step = d.dp * d.micro_batch_size
-    if d.global_batch % per_step:
-        reasons.append(f"train.global_batch_size = {d.global_batch} is not divisible by data_parallel × "
-                       f"micro_batch_size = {d.dp} × {d.micro_batch_size} = {per_step}: choose a multiple of "
-                       f"{per_step}")
-    elif d.pp > 1 and d.micro_batch_num != d.micro_batches_per_step:
-        reasons.append(f"micro_batch_num = {d.micro_batch_num}, but with pipeline_stage > 1 ms_llm runs all of a "
-                       f"step's micro-batches as one pipeline round: global / (dp × micro) = {d.global_batch} / "
-                       f"({d.dp} × {d.micro_batch_size}) = {d.micro_batches_per_step}; set micro_batch_num: "
-                       f"{d.micro_batches_per_step} or change the batch sizes")
-    if d.stage_layers and (len(d.stage_layers) != d.pp or sum(d.stage_layers) != shape.num_layers
-                           or min(d.stage_layers) < 1):
-        reasons.append(f"parallel_config.stage_layers = {list(d.stage_layers)} must list {d.pp} positive layer "
-                       f"counts summing to model.num_layers = {shape.num_layers}")
-    if d.full_recompute_layers and len(d.full_recompute_layers) != d.pp:
-        reasons.append(f"recompute_config.recompute = {list(d.full_recompute_layers)} lists layers for "
-                       f"{len(d.full_recompute_layers)} stages, but pipeline_stage = {d.pp}: give one count "
-                       f"per stage")
-    return reasons
 
 
 # -- communication --------------------------------------------------------------------------------------
@@ -278,43 +230,7 @@ def layout_dict(layout):
     return d
 
 
-# -- from a config --------------------------------------------------------------------------------------
-
-def flash_attention_default(cfg):
-    """Whether ms_llm would use Ascend's FlashAttentionScore: the rule of ms_llm/nn/attention.py
-    (16-bit compute, head size a multiple of 16, no dropout), the device assumed to be Ascend."""
-    m = cfg.model
-    return (cfg.precision.compute_dtype in ("float16", "bfloat16") and (m.hidden_size // m.num_heads) % 16 == 0
-            and m.dropout == 0)
-
-
-def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_NODE, flash_attention=None):
-    """(Layout, devices) for a loaded Config. devices: --devices, else dp·mp·pp, else one node.
-    flash_attention: None = ms_llm's own rule (`flash_attention_default`)."""
-    pc, rc = cfg.parallel_config, cfg.recompute_config
-    if devices is not None and devices <= 0:
-        raise UserError(f"--devices = {devices} must be a positive number of devices, e.g. --devices 8.")
-    model_pipe = pc.model_parallel * pc.pipeline_stage
-    if devices is None:
-        devices = pc.data_parallel * model_pipe if pc.data_parallel else max(devices_per_node, model_pipe)
-    dp = pc.data_parallel or max(1, devices // model_pipe)
-    full_layers = ()
-    if isinstance(rc.recompute, list):
-        full_layers = tuple(rc.recompute)
-        if any(n < 0 for n in full_layers):
-            raise UserError(f"recompute_config.recompute = {rc.recompute}: layer counts must be >= 0.")
-        mode = "selective" if rc.select_recompute else "none"
-    else:
-        mode = "full" if rc.recompute else "selective" if rc.select_recompute else "none"
-    layout = Layout(dp=dp, mp=pc.model_parallel, pp=pc.pipeline_stage, micro_batch_size=cfg.train.micro_batch_size,
-                    micro_batch_num=pc.micro_batch_num, global_batch=cfg.train.global_batch_size,
-                    seq_parallel=pc.use_seq_parallel, optimizer_shard=pc.optimizer_shard, recompute=mode,
-                    full_recompute_layers=full_layers, stage_layers=tuple(pc.stage_layers or ()),
-                    vocab_emb_dp=pc.vocab_emb_dp,
-                    compute_dtype=cfg.precision.compute_dtype,
-                    flash_attention=flash_attention_default(cfg) if flash_attention is None else flash_attention)
-    return layout, devices  # when devices is no multiple of mp·pp, invalid_reasons names the mismatch
-
+# -- from a config ---------------------------------------------------------------------------------------
 
 def plan(cfg, cluster, layout):
     """Estimate for the config's own layout; raises UserError listing every reason it is invalid."""

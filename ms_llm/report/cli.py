@@ -48,8 +48,7 @@ def cmd_compare_curves(args):
     if args.json:
         print(json.dumps(curves.to_dict(c)), flush=True)
     if c.parted:
-        # ms_llm.cli.main ignores return values: SystemExit carries the code to the shell either way
-        raise SystemExit(1)
+        return 1
     return 0
 
 

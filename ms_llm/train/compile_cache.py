@@ -71,14 +71,15 @@ def cache_root():
 
 
 def enable(cfg, rt, purpose="train"):
-    """Point MindSpore's compile cache at this graph's own directory. Returns a Guard for the entry."""
-    import mindspore as ms
+    """Point MindSpore's compile cache at this graph's own directory. Returns a Guard for the entry.
 
+    Through MindSpore's environment variables, read at each compile (set_context's switches are deprecated)."""
     key = cache_key(cfg, rt.world_size, purpose)
     path = os.path.join(cache_root(), "compile", key)
     rank_dir = os.path.join(path, f"rank_{rt.rank}")
     hit = os.path.isdir(os.path.join(rank_dir, "graph_cache"))
-    ms.set_context(enable_compile_cache=True, compile_cache_path=path)
+    os.environ["MS_COMPILER_CACHE_PATH"] = path
+    os.environ["MS_COMPILER_CACHE_ENABLE"] = "1"
     return Guard(key, path, rank_dir, hit)
 
 
@@ -86,9 +87,7 @@ def close():
     """Stop caching once the training step is compiled. MindSpore numbers cached graphs in compile order
     (compile_cache_0, _1, ...), and later graphs (evaluation, statistics probes, the NaN hunter) depend on
     run settings left out of the key: caching them would hand one run another run's graph."""
-    import mindspore as ms
-
-    ms.set_context(enable_compile_cache=False)
+    os.environ["MS_COMPILER_CACHE_ENABLE"] = "0"
 
 
 def graph_parameter_names(cell):

@@ -27,45 +27,101 @@ def launched_distributed():
     return any(v in os.environ for v in LAUNCHER_VARS)
 
 
+def launch_world_size():
+    """The number of worker processes of this launch, known from msrun's environment before any rendezvous: a
+    config that cannot run on them is refused by every process at once, before one waits on another."""
+    if "MS_WORKER_NUM" in os.environ:
+        return int(os.environ["MS_WORKER_NUM"])
+    if "RANK_SIZE" in os.environ:
+        return int(os.environ["RANK_SIZE"])
+    return 1
+
+
+def device_target(ctx_cfg):
+    """context.device_target with `auto` resolved to the backend this MindSpore package was built for."""
+    if ctx_cfg.device_target != "auto":
+        return ctx_cfg.device_target
+    import mindspore as ms
+
+    return ms.get_context("device_target")
+
+
 def setup_context(ctx_cfg):
     """Configure MindSpore from the `context` section; init communication when launched by msrun."""
+    target = select_device(ctx_cfg)
+    rt = Runtime(target)
+    if launched_distributed():
+        from mindspore.communication import get_group_size, get_rank, init
+
+        try:
+            init()
+        except RuntimeError as e:
+            if os.environ.get("MS_ROLE") != "MS_SCHED":
+                raise
+            # the scheduler outlives the workers: when one ended early (a refusal, a crash), its own message is in
+            # its worker log; the scheduler says so in one line instead of MindSpore's timeout traceback
+            raise UserError(f"a worker ended before the job finished ({str(e).splitlines()[0]}); see the worker "
+                            f"logs (msrun --log_dir) for its message.") from None
+        if os.environ.get("MS_ROLE") == "MS_SCHED":  # the scheduler's work ends with the workers'
+            raise SystemExit(0)
+        rt.rank, rt.world_size = get_rank(), get_group_size()
+        _joined.append(rt.rank)
+    return rt
+
+
+_joined = []  # this process's rank, once it joined the cluster
+
+
+def refusal_exit_code(error):
+    """The exit code of a worker that refuses to go on. A refusal every rank agreed on (`agree`) ends all of them
+    at once, but msrun kills the other workers the moment one exits non-zero, before they can sign off with its
+    scheduler, which then waits for their heartbeats to time out and ends in a traceback. So the other ranks
+    exit 0 right away (their log holds the same message) and rank 0 exits with the error's code once they
+    have gone; msrun still ends with a failure."""
+    if not _joined or not getattr(error, "agreed", False):
+        return error.exit_code
+    if _joined[0] != 0:
+        return 0
+    import time
+
+    time.sleep(3)
+    return error.exit_code
+
+
+def select_device(ctx_cfg):
+    """Point MindSpore at the configured device (refusing one this package cannot drive) and set the execution
+    mode, threads and memory; no communication yet. Returns the device target."""
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's INFO/WARNING spam hides our log lines
     import mindspore as ms
 
-    target = ctx_cfg.device_target
-    if target == "auto":
-        target = ms.get_context("device_target")  # the backend this MindSpore package was built for
-    kwargs = {"mode": ms.GRAPH_MODE if ctx_cfg.mode == "graph" else ms.PYNATIVE_MODE, "device_target": target}
+    target = device_target(ctx_cfg)
     device_id = ctx_cfg.device_id
     if device_id is None and "DEVICE_ID" in os.environ:
         device_id = int(os.environ["DEVICE_ID"])
-    if device_id is not None and target != "CPU":
-        kwargs["device_id"] = device_id
-    if ctx_cfg.max_device_memory and target != "CPU":
-        kwargs["max_device_memory"] = ctx_cfg.max_device_memory
-    if ctx_cfg.jit_level:
-        kwargs["jit_config"] = {"jit_level": ctx_cfg.jit_level}
     try:
-        ms.set_context(**kwargs)
-    except RuntimeError as e:
-        if "Unsupported device target" not in str(e):
+        if device_id is not None and target != "CPU":
+            ms.set_device(target, device_id)
+        else:
+            ms.set_device(target)
+    except (RuntimeError, ValueError) as e:
+        if "Unsupported device target" not in str(e) and "device_target" not in str(e):
             raise
         found = re.search(r"one of the \[(.*?)\]", str(e))
         here = found.group(1).replace("'", "") if found else "another device"
         raise UserError(f"context.device_target = {target}, but this MindSpore package and host support only {here}. "
                         f"Launch on {target} hardware with MindSpore's {target} package (and its driver/toolkit), or "
                         f"try the config here with --set context.device_target=auto.") from None
+    kwargs = {"mode": ms.GRAPH_MODE if ctx_cfg.mode == "graph" else ms.PYNATIVE_MODE}
+    if ctx_cfg.jit_level:
+        kwargs["jit_config"] = {"jit_level": ctx_cfg.jit_level}
+    ms.set_context(**kwargs)
+    if ctx_cfg.max_device_memory and target != "CPU":
+        ms.runtime.set_memory(max_size=ctx_cfg.max_device_memory)
     if ctx_cfg.num_threads:
-        ms.set_context(runtime_num_threads=ctx_cfg.num_threads)
-    rt = Runtime(target)
-    if launched_distributed():
-        from mindspore.communication import get_group_size, get_rank, init
+        from mindspore.device_context.cpu import op_tuning
 
-        init()
-        if os.environ.get("MS_ROLE") == "MS_SCHED":  # the scheduler's work ends with the workers'
-            raise SystemExit(0)
-        rt.rank, rt.world_size = get_rank(), get_group_size()
-    return rt
+        op_tuning.threads_num(ctx_cfg.num_threads)
+    return target
 
 
 def all_ranks_sum(rt, value):
@@ -83,6 +139,20 @@ def all_ranks_sum(rt, value):
 
 def all_ranks_ok(rt, ok):
     return all_ranks_sum(rt, 1 if ok else 0) == rt.world_size
+
+
+def agree(rt, action):
+    """Run `action` and make every rank fail if any rank failed, so no rank waits forever on another."""
+    error = None
+    try:
+        action()
+    except UserError as e:
+        error = e
+    if not all_ranks_ok(rt, error is None):
+        error = error or UserError("another rank refused to start; its message is in its log (msrun --log_dir, "
+                                   "or the run's logs/rank_<r>.log).")
+        error.agreed = True
+        raise error
 
 
 def rank0_int(rt, value):

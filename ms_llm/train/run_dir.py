@@ -1,4 +1,4 @@
-"""The run directory: one per run, never overwritten. See ARCHITECTURE.md for its layout."""
+"""The run directory: one per run, never overwritten. Its layout is in the README ("What a run leaves behind")."""
 import datetime
 import json
 import os
@@ -9,6 +9,21 @@ import sys
 
 from ms_llm.errors import UserError
 from ms_llm.fileio import atomic_write_bytes
+
+
+def check_run_dir_path(run_dir):
+    """Refuse a run directory that cannot be created: a file in its place or on its path, or no permission."""
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise UserError(f"--run-dir '{run_dir}' is a file, not a directory. Nothing was changed; choose another path.")
+    parent = os.path.dirname(os.path.abspath(run_dir))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UserError(f"--run-dir '{run_dir}' lies under '{parent}', which is a file, not a directory. Nothing was "
+                        f"changed; choose a path under a directory.")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--run-dir '{run_dir}': no permission to create it in '{parent}'. Choose a directory you "
+                        f"can write to.")
 
 
 def check_run_dir(run_dir, resume):
@@ -25,7 +40,7 @@ def check_run_dir(run_dir, resume):
 
 
 def create_run_dir(run_dir):
-    for sub in ("", "checkpoints", "logs"):
+    for sub in ("", "checkpoints"):
         os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
 
 
@@ -67,3 +82,20 @@ def run_info(rt, cfg, extra=None):
 
 def write_json(path, obj):
     atomic_write_bytes(path, json.dumps(obj, indent=1).encode())
+
+
+def update_run_info(run_dir, **fields):
+    path = os.path.join(run_dir, "run_info.json")
+    with open(path, encoding="utf-8") as f:
+        info = json.load(f)
+    info.update(fields)
+    write_json(path, info)
+
+
+def write_config(cfg, path, save):
+    """The config as run, written where the run directory is; a filesystem error becomes one paragraph."""
+    try:
+        save(cfg, path)
+    except OSError as e:
+        raise UserError(f"cannot write {path} ({e.strerror}). Check the disk and permissions of the run directory; "
+                        f"nothing else was written.") from None

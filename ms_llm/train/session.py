@@ -1,20 +1,29 @@
 """Everything a run holds, built once from a config: runtime, data, model, optimizer, compiled step.
 
 `open_session` does all checks that can refuse a run (config × world size, dataset × model) before it
-builds anything; the trainer, the benchmark and the debugging tools all start from it.
+builds anything; the trainer, the benchmark and the debugging tools all start from it. The session's `cfg` is
+the resolved config (data-parallel size, vocabulary and strategy directory filled in), a new object: the
+config the caller loaded is left as it was.
 """
-import time
-from dataclasses import dataclass
-from typing import Any, Callable, List
+from dataclasses import dataclass, replace
+from typing import Any, Callable, List, NamedTuple
 
 import numpy as np
 
-from ms_llm.config import check_against_dataset, resolve_runtime
+from ms_llm.config import check_against_dataset
 from ms_llm.data.loader import TrainBatches, check_token_ids, eval_batches
 from ms_llm.data.manifest import has_manifest, load_manifest
 from ms_llm.errors import UserError
 from ms_llm.monitor.throughput import flops_per_token, peak_tflops
-from ms_llm.train.context import Runtime, all_ranks_ok, setup_context
+from ms_llm.train.context import Runtime, agree, all_ranks_ok, launch_world_size, select_device, setup_context
+
+
+class StepOutput(NamedTuple):
+    """What one optimizer step reports; tensors until the host reads them."""
+    loss: Any  # mean loss of the step's micro-batches (over all ranks)
+    grad_norm: Any  # global gradient norm before clipping
+    code: Any  # 0 update applied, 1 skipped (non-finite gradients), 2 skipped by the anomaly guard
+    loss_scale: Any  # the loss scale after the step
 
 
 @dataclass
@@ -40,22 +49,19 @@ class Session:
     def tokens_per_step(self):
         return self.cfg.train.global_batch_size * self.cfg.model.seq_length
 
+    @property
+    def step_cells(self):
+        """The compiled cells of one optimizer step, in call order."""
+        return ([self.step_fn.accumulate] if self.accum > 1 else []) + [self.step_fn]
+
     def next_batches(self):
-        """The micro-batches of the next optimizer step on this rank; the time spent waiting for them is
-        added to `data.wait_s` (what the log line reports as the data share of step time)."""
-        t0 = time.perf_counter()
+        """The micro-batches of the next optimizer step on this rank, each checked for out-of-range ids."""
         batches = [next(self.data) for _ in range(self.accum)]
-        self.data.wait_s += time.perf_counter() - t0
         for i, b in enumerate(batches):  # an out-of-range id is the integer NaN: refuse it before the forward
             problem = check_token_ids(b.asnumpy(), self.cfg.model.vocab_size)
             if problem:
                 raise UserError(f"micro-batch {i} of the next step: {problem}")
         return batches
-
-    @property
-    def step_cells(self):
-        """The compiled cells of one optimizer step, in call order."""
-        return ([self.step_fn.accumulate] if self.accum > 1 else []) + [self.step_fn]
 
     def train_step(self, batches=None):
         """One optimizer step: accum-1 accumulating micro-batches, then the updating one."""
@@ -64,7 +70,7 @@ class Session:
             return self.first_cached_step(batches)
         for b in batches[:-1]:
             self.step_fn.accumulate(b)
-        return self.step_fn(batches[-1])
+        return StepOutput(*self.step_fn(batches[-1]))
 
     def first_cached_step(self, batches):
         """The first step under the compile cache: its graphs compiled or loaded, checked, then run; a fresh
@@ -89,32 +95,40 @@ class Session:
         return out
 
 
-def open_session(cfg, echo=print, preflight=None, purpose="train", rt=None, compile_cache=None):
-    """Check, then build. `preflight(rt, log, plan)` runs once the runtime and the parallel plan are known,
-    before any data is touched. `rt`: an already set-up runtime (reopening); `compile_cache=False` overrides
-    the config's switch."""
+def open_session(cfg, echo=print, purpose="train", rt=None, layout=None, strategy_dir=None, compile_cache=None):
+    """Check, then build. `rt`: an already set-up runtime; `layout`: (config, ParallelPlan) from
+    `ms_llm.parallel.layout.resolve_layout` when the caller resolved it already; `strategy_dir`: where semi-auto
+    parallel writes its strategy files; `compile_cache=False` overrides the config's switch."""
+    from ms_llm.parallel.layout import resolve_layout
+
+    if layout is None:  # refused before the rendezvous: every rank of a launch refuses at once
+        layout = resolve_layout(cfg, launch_world_size(), rt.device_target if rt else select_device(cfg.context))
+    cfg, plan = layout
     rt = rt or setup_context(cfg.context)
-    log = echo if rt.is_main else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
-    plan = resolve_runtime(cfg, rt.world_size, rt.device_target)
-    accum = plan.accumulation
-    if preflight is not None:
-        preflight(rt, log, plan)
+    # the trainer's RunLog prefixes other ranks' lines itself; a plain print gets the prefix here
+    log = echo if rt.is_main or echo is not print else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
     manifest = prepare_dataset(cfg, rt, log)
-    check_against_dataset(cfg, manifest, cfg.data.dataset_dir)
+    if cfg.model.vocab_size is None:  # now known: the layout's vocabulary rule can run
+        from ms_llm.parallel.layout import build_plan
+
+        cfg = check_against_dataset(cfg, manifest, cfg.data.dataset_dir)
+        plan = build_plan(cfg, plan.devices)
+    cfg = check_against_dataset(cfg, manifest, cfg.data.dataset_dir)
+    if strategy_dir and cfg.checkpoint.strategy_dir != strategy_dir:
+        cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, strategy_dir=strategy_dir))
 
     import mindspore as ms
     from model_zoo import build_model, count_params
+    from ms_llm.nn import backend as nn_backend
+    from ms_llm.nn import cpu_kernels
     from ms_llm.train.evaluate import EvalStep
     from ms_llm.train.lr_schedule import lr_table
     from ms_llm.train.optimizer import AdamW
     from ms_llm.train.step import TrainStep
 
-    from ms_llm.nn import cpu_kernels, device
-
     t, m = cfg.train, cfg.model
-    device.configure(rt.device_target, layer_reuse=plan.pp == 1)
-    cpu_kernels.configure(rt.device_target == "CPU" and cfg.context.cpu_kernels)
-    if rt.device_target == "CPU" and cfg.context.cpu_kernels and not cpu_kernels.active():
+    backend = nn_backend.for_device(rt.device_target, cfg.context.cpu_kernels, layer_reuse=plan.pp == 1)
+    if rt.device_target == "CPU" and cfg.context.cpu_kernels and not backend.cpu_kernels:
         log(f"note: fused CPU kernels unavailable ({cpu_kernels.build_error()}); using plain MindSpore ops")
     cache = None
     if cfg.context.compile_cache and compile_cache is not False and cfg.context.mode == "graph":
@@ -129,16 +143,16 @@ def open_session(cfg, echo=print, preflight=None, purpose="train", rt=None, comp
         from ms_llm.parallel.apply import configure_auto_parallel
 
         configure_auto_parallel(plan, cfg.checkpoint.strategy_dir or "strategy", rt.rank)
-    model = build_model(m, cfg.precision.compute_dtype)
+    model = build_model(m, cfg.precision.compute_dtype, backend)
     apply_plan(model, plan, semi_auto, log)
     optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    micro_batch = t.micro_batch_size
+    micro_batch, accum = t.micro_batch_size, plan.accumulation
     if plan.pp > 1:  # one call per step: the pipeline takes all micro-batches at once and slices them itself
-        step_fn = pipeline_step(model, optimizer, cfg, plan)
+        step_fn = pipeline_step(model, optimizer, cfg, plan, backend)
         micro_batch, accum = t.micro_batch_size * accum, 1
     else:  # under semi-auto parallel MindSpore inserts the data-parallel gradient reduction itself
         step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, 1 if semi_auto else rt.world_size,
-                            t.max_steps, lr_table(t), t.anomaly)
+                            lr_table(t), t.anomaly, backend)
     model.set_train(True)
     dp, data_rank = plan.dp, plan.data_rank(rt.rank)
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", micro_batch, dp, data_rank, t.seed,
@@ -165,20 +179,19 @@ def open_session(cfg, echo=print, preflight=None, purpose="train", rt=None, comp
     return s
 
 
-def pipeline_step(model, optimizer, cfg, plan):
+def pipeline_step(model, optimizer, cfg, plan, backend):
     """The pipelined step: MindSpore's Pipeline wrapper and PipelineGradReducer (Ascend), the loss on the last
     stage, the per-micro-batch loss compiled once (lazy_inline) where the backend supports it."""
     from mindspore.parallel.nn import PipelineGradReducer
 
-    from ms_llm.nn import device
     from ms_llm.parallel.apply import assign_stages
     from ms_llm.train.lr_schedule import lr_table
     from ms_llm.train.step import PipelineTrainStep
 
     t = cfg.train
     reducer = PipelineGradReducer(optimizer.params, opt_shard=plan.optimizer_shard)
-    step = PipelineTrainStep(model, optimizer, cfg.precision, t.clip_grad, plan.micro_batch_num, t.max_steps,
-                             lr_table(t), t.anomaly, reducer=reducer, reuse=device.is_ascend())
+    step = PipelineTrainStep(model, optimizer, cfg.precision, t.clip_grad, plan.micro_batch_num, lr_table(t),
+                             t.anomaly, reducer=reducer, reuse=backend.ascend)
     assign_stages(model, plan, loss=step.loss_cell)
     return step
 
@@ -213,14 +226,3 @@ def prepare_dataset(cfg, rt, log):
 
         agree(rt, build)
     return load_manifest(d.dataset_dir)
-
-
-def agree(rt, action):
-    """Run `action` and make every rank fail if any rank failed, so no rank waits forever on another."""
-    error = None
-    try:
-        action()
-    except UserError as e:
-        error = e
-    if not all_ranks_ok(rt, error is None):
-        raise error or UserError("another rank refused to start; its message is in its log (msrun --log_dir).")

@@ -32,9 +32,21 @@ class SkippedSteps:
         self.first = None  # first step of the current run of skipped updates
         self.count = 0
         self.start_scale = self.scale_in
+        self.unchecked = []  # (step, StepOutput) not yet read back from the device
 
     def resume(self, loss_scale):
         self.scale_in = loss_scale
+
+    def add(self, step, out):
+        self.unchecked.append((step, out))
+
+    def check(self):
+        """Read the codes of the steps added since the last check; the reason to stop, or None."""
+        reason = None
+        for step, out in self.unchecked:
+            reason = reason or self.update(step, int(out.code.asnumpy()), float(out.loss_scale.asnumpy()))
+        self.unchecked = []
+        return reason
 
     def update(self, step, code, scale_out):
         """Feed one finished step (1-based `step`, its output code and loss scale). Returns the reason to stop,

@@ -23,7 +23,7 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import initializer
 
-from ms_llm.nn import cpu_kernels
+from ms_llm.nn.backend import PORTABLE
 
 
 def cross_entropy(logits, targets):
@@ -60,7 +60,7 @@ class LossFn(nn.Cell):
 class StepState(nn.Cell):
     """Everything the step owns besides the model and optimizer: loss scale, counters, grad buffers."""
 
-    def __init__(self, params, precision, accum, max_steps, lr_table):
+    def __init__(self, params, precision, accum, lr_table):
         super().__init__(auto_prefix=False)
         self.lr_scale = Parameter(initializer(1.0, (), ms.float32), name="lr_scale")  # lowered by rollbacks
         self.watch_count = Parameter(initializer(0, (), ms.int32), name="anomaly_count")
@@ -95,8 +95,8 @@ class AccumulateStep(nn.Cell):
 class TrainStep(nn.Cell):
     """The last micro-batch of a step plus the update. Returns (loss, grad_norm, overflow, loss_scale)."""
 
-    def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, max_steps=1, lr_table=None,
-                 anomaly=None):
+    def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, lr_table=None, anomaly=None,
+                 backend=PORTABLE):
         super().__init__(auto_prefix=False)
         self.guard = anomaly is not None
         if self.guard:
@@ -106,7 +106,7 @@ class TrainStep(nn.Cell):
         self.weights = optimizer.params
         self.loss_fn = LossFn(model, accum)
         self.grad_fn = self.loss_and_grad()
-        self.state = StepState(self.weights, precision, accum, max_steps, lr_table)
+        self.state = StepState(self.weights, precision, accum, lr_table)
         self.accumulate = AccumulateStep(self.loss_fn, self.weights, self.state) if accum > 1 else None
         self.accum, self.dp, self.clip = accum, dp, clip_grad
         self.dynamic = precision.loss_scale == "dynamic"
@@ -114,7 +114,7 @@ class TrainStep(nn.Cell):
         self.last_step = len(lr_table) - 1
         self.hyper_map = ops.HyperMap()
         self.all_reduce = ops.AllReduce() if dp > 1 else None
-        self.sum_squares = cpu_kernels.op("sum_squares") if cpu_kernels.active() else None
+        self.sum_squares = backend.kernel("sum_squares")
 
     def loss_and_grad(self):
         return ms.value_and_grad(self.loss_fn, None, self.weights, has_aux=True)
@@ -226,11 +226,11 @@ class PipelineTrainStep(TrainStep):
     With `reducer=None` (a single device) the same graph is plain gradient accumulation inside one call, which
     is how the CPU tests check it against TrainStep."""
 
-    def __init__(self, model, optimizer, precision, clip_grad, micro_batch_num, max_steps=1, lr_table=None,
-                 anomaly=None, reducer=None, reuse=False):
+    def __init__(self, model, optimizer, precision, clip_grad, micro_batch_num, lr_table=None, anomaly=None,
+                 reducer=None, reuse=False):
         from mindspore.parallel.nn import Pipeline
 
-        super().__init__(model, optimizer, precision, clip_grad, 1, 1, max_steps, lr_table, anomaly)
+        super().__init__(model, optimizer, precision, clip_grad, 1, 1, lr_table, anomaly)
         loss_cls = ReusedMicroBatchLoss if reuse else MicroBatchLoss
         self.pipeline = Pipeline(loss_cls(model, micro_batch_num), micro_batch_num)
         self.grad_op = ops.GradOperation(get_by_list=True, sens_param=True)

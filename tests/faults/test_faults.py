@@ -30,9 +30,10 @@ def tiny_cfg(dataset, *overrides):
 
 
 def train(cfg, run_dir):
+    from ms_llm.extras import hooks_for
     from ms_llm.train.trainer import run
 
-    return run(cfg, run_dir=str(run_dir), echo=lambda *a: None)
+    return run(cfg, run_dir=str(run_dir), echo=lambda *a: None, hooks=hooks_for(cfg))
 
 
 def diagnose(run_dir):

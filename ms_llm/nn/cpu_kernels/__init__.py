@@ -1,7 +1,7 @@
 """Fused float32 CPU kernels (kernels.cc) behind `mindspore.ops.Custom(func_type="aot")`.
 
-They are an opt-in fast path for `device_target == "CPU"` only: the session turns them on with
-`configure(True)` before building the model (config `context.cpu_kernels`, default true). Everything
+They are an opt-in fast path for `device_target == "CPU"` only: a model built with a `Backend` whose
+`cpu_kernels` is true uses them (config `context.cpu_kernels`, default true). Everything
 that uses them keeps the plain MindSpore composition as its fallback, which is also what runs on
 Ascend/GPU, when g++ is missing, or when the build fails; `tests/test_cpu_kernels.py` checks both paths
 agree (forward and gradient).
@@ -21,16 +21,7 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.cc")
 # whole process to flush-denormals-to-zero the moment the library is loaded.
 COMPILE_FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp-simd", "-fPIC", "-std=c++17"]
 
-_state = {"enabled": False, "library": None, "error": None}
-
-
-def configure(enabled):
-    _state["enabled"] = bool(enabled)
-
-
-def active():
-    """True when the fused kernels are switched on and the library builds."""
-    return _state["enabled"] and library() is not None
+_state = {"library": None, "error": None}  # the build, done once per process
 
 
 def build_error():

@@ -1,4 +1,5 @@
-"""`ms-llm benchmark`: time the real training step on real data.
+"""`ms-llm benchmark`: time the real training step on real data (with the checkpoint saver and the statistics
+probe when the config turns them on, which is why it lives beside the CLI and not in ms_llm.train).
 
 Compile time is measured on the first call and reported on its own; then `warmup` steps run untimed and
 `steps` steps are timed one by one (each synchronised, so a step's time is its own). Throughput uses
@@ -34,26 +35,25 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
         s.train_step()[0].asnumpy()
     if stats is not None:  # compile the probe outside the timed steps
         batches = s.next_batches()
-        stats.before_step(s, 0, batches)
-        stats.after_step(s, 0, s.train_step(batches))
+        stats.probe_step(s, batches)
+        stats.record(s, 0, s.train_step(batches))
     times, waits, save_s = [], [], 0.0
     for i in range(steps):
-        w0 = s.data.wait_s
         t0 = time.perf_counter()
         batches = s.next_batches()
+        waits.append(time.perf_counter() - t0)
         probing = stats is not None and stats.due(i)
         if probing:
-            stats.before_step(s, i, batches)
+            stats.probe_step(s, batches)
         out = s.train_step(batches)
         out[0].asnumpy()
         if probing:
-            stats.after_step(s, i, out)
+            stats.record(s, i, out)
         if saver is not None and (i + 1) % cfg.checkpoint.save_interval == 0:
             t1 = time.perf_counter()
             saver.save(i + 1, ckpt_state.capture(s), ckpt_state.describe(s, i + 1, {}))
             save_s += time.perf_counter() - t1
         times.append(time.perf_counter() - t0)
-        waits.append(s.data.wait_s - w0)
     if saver is not None:
         saver.close()
     tmp.cleanup()

@@ -1,4 +1,4 @@
-"""Named model shapes. Plain data so the config loader can resolve them without building a model."""
+"""Named model shapes: config values under a name (`model.preset`), resolved when a config is loaded."""
 
 GPT2 = dict(arch="gpt2", bias=True, tie_embeddings=True, vocab_size=50257, seq_length=1024, norm_eps=1e-5)
 LLAMA2 = dict(arch="llama", bias=False, tie_embeddings=False, vocab_size=32000, seq_length=4096,

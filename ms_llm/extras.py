@@ -1,0 +1,84 @@
+"""The per-step extras a config asks for, built as trainer hooks (ms_llm.train.hooks) by the entry point:
+the training loop itself knows none of them, and `ms_llm.train` never imports `ms_llm.debug`."""
+import os
+import time
+
+from ms_llm.train.hooks import Hook
+
+
+def hooks_for(cfg):
+    mon, hooks = cfg.monitor, []
+    if mon.profile is not None:
+        from ms_llm.monitor.profile import ProfileWindow
+
+        hooks.append(ProfileWindow(mon.profile))
+    if mon.nan_check:
+        from ms_llm.debug.watch import NanWatch
+
+        hooks.append(NanWatch())
+    if mon.tensor_stats is not None:
+        from ms_llm.debug.watch import TensorStats
+
+        hooks.append(TensorStats(mon.tensor_stats))
+    if cfg.train.anomaly is not None:
+        from ms_llm.train.anomaly_guard import AnomalyRollback
+
+        hooks.append(AnomalyRollback(cfg.train.anomaly))
+    if mon.telemetry_interval_s:
+        hooks.append(Telemetry(mon.telemetry_interval_s))
+    if mon.report:
+        hooks.append(ReportRefresh())
+    return hooks
+
+
+class Telemetry(Hook):
+    """Device telemetry (temperature, power, memory, utilisation) in a background thread on each node's first
+    rank, into <run>/telemetry.jsonl (rank 0) or telemetry_rank_<r>.jsonl."""
+
+    def __init__(self, interval_s):
+        self.interval_s, self.sampler = interval_s, None
+
+    def start(self, run):
+        from ms_llm.monitor.telemetry import TelemetrySampler
+
+        rank = run.session.rt.rank
+        name = "telemetry.jsonl" if rank == 0 else f"telemetry_rank_{rank}.jsonl"
+        if rank == 0 or os.environ.get("DEVICE_ID") == "0":  # one sampler per node: the tools see all its devices
+            self.sampler = TelemetrySampler(os.path.join(run.run_dir, name), self.interval_s,
+                                            run.session.rt.device_target).start()
+
+    def finish(self, run):
+        if self.sampler is not None:
+            self.sampler.stop()
+            self.sampler = None
+
+
+class ReportRefresh(Hook):
+    """Rewrites <run>/report.html at evaluations and at the end (rank 0), so a run on ModelArts can be watched
+    from its OBS copy. An evaluation refreshes it only when the last refresh is at least `BUDGET` times its own
+    cost ago (and a minute), which keeps the report under 2% of the run's time; the end always does. A report
+    that cannot be written is a warning, never the end of a run."""
+
+    BUDGET = 50
+
+    def __init__(self):
+        self.last, self.cost = None, 0.0
+
+    def after_eval(self, run, step, val_loss):
+        if self.last is None or time.monotonic() - self.last >= max(60.0, self.BUDGET * self.cost):
+            self.write(run)
+
+    def done(self, run, summary):
+        self.write(run)
+
+    def write(self, run):
+        if not run.session.rt.is_main:
+            return
+        t0 = time.monotonic()
+        try:
+            from ms_llm.report import write_report
+
+            write_report([run.run_dir], os.path.join(run.run_dir, "report.html"))
+        except Exception as e:  # noqa: BLE001 (a report must never end a training run)
+            run.log(f"warning: report.html not refreshed ({type(e).__name__}: {e})")
+        self.last, self.cost = time.monotonic(), time.monotonic() - t0

@@ -1,0 +1,47 @@
+"""Per-step extras handed to the trainer from outside (profiler window, NaN watch, tensor statistics, anomaly
+rollback, report refresh, telemetry): the loop calls them at fixed points and knows nothing else about them,
+so `ms_llm.train` never imports `ms_llm.debug`. The entry point builds them from the config
+(`ms_llm.extras.hooks_for`)."""
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+@dataclass
+class TrainingRun:
+    """What a hook may use: the session (model, step, data), where the run writes, and how it logs."""
+    session: Any
+    run_dir: str
+    writer: Any  # monitor.metrics.MetricsWriter: records go to the console, metrics.jsonl and the summaries
+    log: Callable
+    ckpt_rank: int
+    extra: dict = field(default_factory=dict)  # what hooks add to the run's final summary (run_info.json)
+
+
+class Hook:
+    """Every method is optional; `step` is the number of optimizer steps done before the current one."""
+
+    def start(self, run):
+        pass
+
+    def before_step(self, run, step, batches):
+        pass
+
+    def after_step(self, run, step, out, batches):
+        pass
+
+    def after_log(self, run, record):
+        pass
+
+    def after_eval(self, run, step, val_loss):
+        pass
+
+    def finish(self, run):
+        """Training is over (completed or stopped): close what the hook holds; fill `run.extra`."""
+
+    def done(self, run, summary):
+        """After the final summary is written (run_info.json): e.g. the last report refresh."""
+
+
+def call(hooks, method, *args):
+    for h in hooks:
+        getattr(h, method)(*args)
