@@ -147,6 +147,11 @@ class TrainBatches:
         return self.consumed // self.num_samples
 
     def _next_chunk(self):
+        if self._it is not None:  # free the finished pipeline (and MindDataset's row index) before the next
+            stop = getattr(self._it, "stop", None)
+            if stop is not None:
+                stop()
+            self._it = None
         idx = self.stream.indices(self.q, self.q + self.chunk)
         self._it = make_dataset(self.files, idx, self.micro_batch, self.num_workers).create_tuple_iterator(
             num_epochs=1, output_numpy=True)
