@@ -301,3 +301,45 @@ def test_skipped_steps_stop_rules():
     # overflows at 4, 2 and 1 (the scale returned is the one the next step uses): the overflow at 1 stops it
     assert dynamic.update(1, 1, 2.0) is None and dynamic.update(2, 1, 1.0) is None
     assert "floor of 1 and step 3 still overflowed" in dynamic.update(3, 1, 1.0)
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+def test_a_full_disk_during_a_checkpoint_write_ends_in_one_paragraph_and_keeps_earlier_checkpoints(
+        dataset, tmp_path, monkeypatch, async_save):
+    import errno
+
+    from ms_llm.config import load_config
+    from ms_llm.errors import UserError
+    from ms_llm.train.trainer import run
+
+    real = store.write_tensors
+
+    def full_disk(path, arrays, fmt):
+        if "step_00000020" in path:  # the second save: half a file, then the disk is full
+            with open(path, "wb") as f:
+                f.write(b"\0" * 1000)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, arrays, fmt)
+
+    monkeypatch.setattr(store, "write_tensors", full_disk)
+    args = tiny_train_args(dataset, "unused", *RUN, "--set", f"checkpoint.async_save={str(async_save).lower()}")
+    cfg = load_config(os.path.join(ROOT, "configs", "shakespeare_char.yaml"),
+                      [args[i + 1] for i, a in enumerate(args) if a == "--set"])
+    out = tmp_path / "run"
+    with pytest.raises(UserError) as e:
+        run(cfg, run_dir=str(out), echo=lambda *a: None)
+    msg = str(e.value)
+    directory = out / "checkpoints" / "rank_0"
+    assert f"checkpoint step 20 could not be written to {directory}: the disk is full" in msg
+    assert re.search(r"it needs about [\d.]+ MiB and [\d,.]+ MiB are free", msg) and "--resume" in msg
+    assert sorted(os.listdir(directory)) == ["latest", "step_00000010.ckpt", "step_00000010.json"]  # no partial file
+    assert store.newest_valid(str(directory))[0] == 10
+    steps = [json.loads(l)["step"] for l in open(out / "metrics.jsonl") if '"loss"' in l]
+    assert max(steps) <= 21  # with async_save the failure stops training at the next step
+
+
+def test_a_run_dir_under_a_regular_file_is_refused_in_one_paragraph(dataset, tmp_path):
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file where a folder was expected")
+    refused(ms_llm(*tiny_train_args(dataset, blocker / "run")), f"lies under '{blocker}', which is a file")
+    assert blocker.read_text() == "a file where a folder was expected"

@@ -40,11 +40,35 @@ def test_train_writes_a_complete_run_directory_and_samples(dataset, tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.startswith("ROMEO:") and len(out.stdout.split("\n-----")[0]) >= 40
 
+    # temperature 0 is greedy decoding: each token the argmax of the model's own logits on the exact prefix
+    greedy = ms_llm("sample", "--run-dir", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "8",
+                    "--temperature", "0")
+    assert greedy.returncode == 0, greedy.stderr[-2000:]
+    assert greedy.stdout.split("\n" + "-" * 40)[0] == greedy_reference(run, "ROMEO:", 8)
+
     # the same run directory again: refused, and the finished run is untouched
     before = (run / "metrics.jsonl").read_text()
     again = ms_llm(*tiny_train_args(dataset, run))
     assert_clean_refusal(again, "already exists", "--resume")
     assert (run / "metrics.jsonl").read_text() == before
+
+
+def greedy_reference(run, prompt, n):
+    """Greedy continuation computed here: the whole prefix as one unpadded sequence, argmax of the last logits."""
+    import mindspore as ms
+    import numpy as np
+
+    from ms_llm.data.manifest import load_manifest
+    from ms_llm.data.tokenizers import from_spec
+    from ms_llm.train.run_model import load_run_model
+
+    cfg, model, _ = load_run_model(str(run))
+    tokenizer = from_spec(load_manifest(cfg.data.dataset_dir)["tokenizer"])
+    ids = list(tokenizer.encode(prompt))
+    for _ in range(n):
+        logits = model(ms.Tensor(np.array([ids[-cfg.model.seq_length:]], np.int32))).asnumpy()
+        ids.append(int(np.argmax(logits[0, -1])))
+    return tokenizer.decode(ids)
 
 
 def test_bad_config_inputs_exit_2_without_traceback(dataset, tmp_path):

@@ -75,6 +75,36 @@ def test_layernorm_forward_and_gradients_match_composition(bias):
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=RTOL, atol=1e-4)
 
 
+def layernorm_reference(x, w, b, eps, dy):
+    """float64 LayerNorm and its gradients (dx, dw, db) for the upstream gradient dy, derived by hand."""
+    x, dy = x.astype(np.float64), dy.astype(np.float64)
+    xc = x - x.mean(-1, keepdims=True)
+    r = 1.0 / np.sqrt((xc * xc).mean(-1, keepdims=True) + eps)
+    xh = xc * r
+    dxh = dy * w
+    dx = r * (dxh - dxh.mean(-1, keepdims=True) - xh * (dxh * xh).mean(-1, keepdims=True))
+    rows = tuple(range(x.ndim - 1))
+    return xh * w + b, dx, (dy * xh).sum(rows), dy.sum(rows)
+
+
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "composition"])
+def test_layernorm_matches_a_float64_reference(fused):
+    """Both paths against the formula itself, not only against each other."""
+    cell = LayerNorm(96, 1e-5, True, backend=Backend("CPU", cpu_kernels=fused))
+    rng = np.random.default_rng(7)
+    w, b = rng.standard_normal(96), rng.standard_normal(96)
+    cell.weight.set_data(ms.Tensor(w.astype(np.float32)))
+    cell.bias.set_data(ms.Tensor(b.astype(np.float32)))
+    x = (rng.standard_normal((4, 30, 96)) * 3 + 1).astype(np.float32)
+    y, (dx, (dw, db)) = value_and_grads(cell, ms.Tensor(x), cell.trainable_params())
+    dy = np.linspace(-1, 1, y.size).reshape(y.shape)  # the upstream gradient value_and_grads applies
+    ref_y, ref_dx, ref_dw, ref_db = layernorm_reference(x, w.astype(np.float32), b.astype(np.float32), 1e-5, dy)
+    np.testing.assert_allclose(y, ref_y, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(dx.asnumpy(), ref_dx, rtol=RTOL, atol=ATOL)
+    np.testing.assert_allclose(dw.asnumpy(), ref_dw, rtol=RTOL, atol=1e-4)
+    np.testing.assert_allclose(db.asnumpy(), ref_db, rtol=RTOL, atol=1e-4)
+
+
 class SumOfSquares(ms.nn.Cell):
     def __init__(self):
         super().__init__()

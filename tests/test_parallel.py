@@ -58,6 +58,43 @@ def test_config_layouts_assign_the_expected_strategy_to_every_primitive(name, de
     assert plan.stage_of_layer == [0] * len(plan.stage_of_layer)
 
 
+@pytest.mark.parametrize("base, overrides, devices", [
+    ("llama2_13b_16p.yaml", [], 16),
+    (None, ["model.preset=tiny-llama", "model.vocab_size=64", "parallel_config.model_parallel=4",
+            "model.num_kv_heads=4", "parallel_config.data_parallel=2", "train.global_batch_size=16", "train.micro_batch_size=2"], 8),
+    (None, ["model.preset=tiny-gpt2", "model.vocab_size=64", "parallel_config.model_parallel=2",
+            "parallel_config.data_parallel=4", "train.global_batch_size=16", "train.micro_batch_size=2"], 8),
+])
+def test_linear_strategies_derived_from_the_model_go_column_then_row_and_tile_every_weight(base, overrides, devices):
+    """Independently of layout.py's table: in each block (attention, MLP) the first projection is split by its
+    output rows (column parallel, no communication) and the one that consumes it by its input columns (row
+    parallel), so the pair needs one reduction; every weight splits into equal whole shards, and the activation's
+    contracted axis is split exactly like the weight's."""
+    from mindspore.nn.utils import no_init_parameters
+
+    from model_zoo import build_model
+    from ms_llm.nn.linear import Linear
+
+    c = cfg(*overrides, base=base)
+    plan = build_plan(c, devices)
+    dp, mp = plan.dp, plan.mp
+    with no_init_parameters():
+        model = build_model(c.model)
+    layer = model.layers[0]
+    for block_name in ("attention", "mlp"):
+        block = getattr(layer, block_name)
+        linears = [(n, cell) for n, cell in block.name_cells().items() if isinstance(cell, Linear)]
+        assert len(linears) == 2, linears  # a projection in, a projection out
+        for position, (name, lin) in enumerate(linears):
+            act, weight = plan.strategy_for(f"layers.0.{block_name}.{name}.matmul")
+            expected_w = (mp, 1) if position == 0 else (1, mp)
+            assert weight == expected_w and act == (dp, expected_w[1]), (block_name, name, act, weight)
+            out_f, in_f = lin.weight.shape
+            assert out_f % weight[0] == 0 and in_f % weight[1] == 0  # equal, whole shards
+            shard = (out_f // weight[0], in_f // weight[1])
+            assert shard[0] * weight[0] == out_f and shard[1] * weight[1] == in_f  # and they tile the weight
+
+
 def test_pipeline_stages_balanced_with_override_and_recompute_per_stage():
     assert balanced_stages(8, 4) == [0, 0, 1, 1, 2, 2, 3, 3]
     assert balanced_stages(7, 3) == [0, 0, 1, 1, 1, 2, 2]  # the remainder goes to a middle stage
@@ -137,6 +174,26 @@ def test_shard_model_applies_the_plan_by_name():
     assert tuple(prims["embedding_gather"].in_strategy) == ((1, 1), (2, 1))
     assert len(applied) == 7 * c.model.num_layers + 2  # norms are functional on CPU: nothing else to shard
     del ms
+
+
+def test_a_plan_entry_that_matches_no_primitive_is_an_error():
+    """Renaming a model attribute must not silently un-shard it."""
+    import dataclasses
+
+    from mindspore.nn.utils import no_init_parameters
+
+    from model_zoo import build_model
+    from ms_llm.parallel.apply import shard_model
+
+    c = cfg("model.preset=tiny-llama", "model.vocab_size=64", "parallel_config.model_parallel=2",
+            "parallel_config.data_parallel=2", "train.global_batch_size=24")
+    plan = build_plan(c, 4)
+    with no_init_parameters():
+        model = build_model(c.model)
+    renamed = dict(plan.strategies)
+    renamed["layers.{i}.attention.qkv_proj.matmul"] = renamed.pop("layers.{i}.attention.qkv.matmul")
+    with pytest.raises(RuntimeError, match=r"does not have: layers.\{i\}.attention.qkv_proj.matmul"):
+        shard_model(model, dataclasses.replace(plan, strategies=renamed))
 
 
 def test_data_rank_gives_model_and_pipeline_peers_the_same_slice():

@@ -263,19 +263,24 @@ def test_search_returns_only_valid_fitting_layouts_sorted_by_tokens_per_second()
     assert planner.search(shape, base, planner.Cluster(8, device_memory_gib=8)) == []
 
 
-def test_mindformers_llama2_7b_layout_estimate_is_in_the_published_range():
-    """MindFormers: Llama-2-7B, 8 × Atlas 800T A2, dp 8, optimizer parallel, seq 4096, bf16, flash attention,
-    batch 1 × 8 accumulation steps: ~4,160 tokens/s/card. At 280 TFLOP/s × 0.5 the estimate is conservative
-    but within 3,000-5,500 (docs/parallel_planning.md)."""
+def test_mindformers_llama2_7b_layout_estimate_against_the_published_figures():
+    """Two references, and what each comparison means:
+    - MindFormers publishes ~4,160 tokens/s/card for Llama-2-7B on 8 × Atlas 800T A2 (dp 8, optimizer parallel,
+      seq 4096, bf16, flash attention, batch 1 × 8 accumulation). The planner assumes the matmuls sustain 0.5 of
+      the 280 TFLOP/s peak, where the published figure implies 0.65, so the estimate must sit at 0.5 / 0.65 = 0.77
+      of it: checked within 0.74-0.80 (the rest of the step time is the same formula).
+    - The tuning guide's 7B run with full recompute: ~2,465 tokens/s/card; recompute adds one forward (8/6 of
+      the compute), so the estimate must land within 5% of it.
+    The estimate itself is pinned to the value docs/parallel_planning.md tabulates (3,188)."""
     cfg = load_config(None, BF16_7B + ["parallel_config.data_parallel=8", "parallel_config.optimizer_shard=true"])
     lay, n = planner.layout_from_config(cfg)
     assert n == 8 and lay.flash_attention
     _, r = planner.plan(cfg, planner.Cluster(n), lay)
-    assert 3000 <= r["tokens_per_s_device"] <= 5500
+    assert r["tokens_per_s_device"] == pytest.approx(3188, abs=1)
+    assert 0.74 <= r["tokens_per_s_device"] / 4160 <= 0.80
     assert r["fits"] and not r["flags"]
-    # the same layout with full recompute (the tuning guide's 7B run: ~2,465 tokens/s/card)
     _, full = planner.plan(cfg, planner.Cluster(n), replace(lay, recompute="full"))
-    assert 2000 <= full["tokens_per_s_device"] <= 2900
+    assert full["tokens_per_s_device"] == pytest.approx(2465, rel=0.05)
 
 
 # -- the command ----------------------------------------------------------------------------------------

@@ -23,8 +23,9 @@ def configure_auto_parallel(plan, strategy_dir, rank):
 
 
 def shard_model(model, plan):
-    """`.shard()` every primitive the plan names; returns {path: strategy} of what was applied."""
-    applied = {}
+    """`.shard()` every primitive the plan names; returns {path: strategy} of what was applied. A plan entry that
+    matches no primitive of the model is an error: a renamed attribute would otherwise un-shard it silently."""
+    applied, matched = {}, set()
     for cell_path, cell in model.cells_and_names():
         for attr, prim in cell._primitives.items():  # primitives stored as Cell attributes
             if prim is None:
@@ -39,6 +40,12 @@ def shard_model(model, plan):
             else:
                 prim.shard(strategy)
             applied[path] = strategy
+            matched.add(plan.key_for(path))
+    missing = [k for k in plan.strategies if k not in matched and k not in plan.optional]
+    if missing:
+        raise RuntimeError(f"the parallel plan names primitives this model does not have: {', '.join(missing)}. "
+                           f"The model's attributes and ms_llm/parallel/layout.py's decoder_strategies must use the "
+                           f"same paths, or those ops run unsharded.")
     return applied
 
 

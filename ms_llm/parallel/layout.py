@@ -31,6 +31,8 @@ class ParallelPlan:
     stage_of_layer: List[int] = field(default_factory=list)
     recompute_of_layer: List[Optional[str]] = field(default_factory=list)  # "full" | "select" | None
     warnings: List[str] = field(default_factory=list)
+    # entries for fused kernels a backend may not build (Ascend's LayerNorm/RmsNorm): they may match nothing
+    optional: Tuple[str, ...] = ("layers.{i}.attn_norm.op", "layers.{i}.mlp_norm.op")
 
     @property
     def semi_auto(self):
@@ -55,6 +57,16 @@ class ParallelPlan:
     def strategy_for(self, path):
         """Strategy of a concrete op path ("layers.3.attention.qkv.matmul"), matching "layers.{i}." entries."""
         return _lookup(self.strategies, path)
+
+    def key_for(self, path):
+        """The plan entry ("layers.{i}.attention.qkv.matmul") a concrete op path matches, or None."""
+        parts = path.split(".")
+        if path in self.strategies:
+            return path
+        if len(parts) > 2 and parts[0] == "layers" and parts[1].isdigit():
+            key = ".".join(["layers", "{i}", *parts[2:]])
+            return key if key in self.strategies else None
+        return None
 
     def out_strategy_for(self, path):
         return _lookup(self.out_strategies, path)
