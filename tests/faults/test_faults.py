@@ -111,10 +111,10 @@ def test_d_a_layer_multiplied_by_zero_is_flagged_vanishing(dataset, tmp_path, mo
 
     original = gpt2.build_gpt2
 
-    def build(m, dtype):
+    def build(m, dtype, backend=None):
         import mindspore as ms
 
-        model = original(m, dtype)
+        model = original(m, dtype, backend)
         for i, layer in enumerate(model.layers):  # a Parameter, not a Python attribute: the decoder layers share
             layer.mlp.fault_scale = ms.Parameter(ms.Tensor(0.0 if i == 1 else 1.0, ms.float32),  # one compiled
                                                  name=f"fault_scale_{i}", requires_grad=False)  # graph (lazy_inline)
