@@ -249,6 +249,8 @@ def build_parser():
     add_debug_parsers(sub)
     add_data_parsers(sub)
     add_report_parsers(sub)
+    from ms_llm.tune.cli import add_parsers as add_tune_parsers
+    add_tune_parsers(sub)
 
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--run-dir", required=True)

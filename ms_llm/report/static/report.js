@@ -17,13 +17,15 @@
     var attrs = {height: HEIGHT, sizing_mode: "stretch_width", tools: TOOLS, active_drag: "xbox_zoom", title: null};
     // only log is forced: "auto" gives a heat map's layer names a categorical axis
     if (panel.y_log) { attrs.y_axis_type = "log"; }
+    if (panel.x_log) { attrs.x_axis_type = "log"; }  // a swept LR against its metric (ms_llm/tune)
     if (shared[panel.axis]) { attrs.x_range = shared[panel.axis]; }
     if (panel.y_range) { attrs.y_range = new Bokeh.Range1d({start: panel.y_range[0], end: panel.y_range[1]}); }
     for (var k in extra) { attrs[k] = extra[k]; }
     var p = plt.figure(attrs);
     if (panel.axis !== "heat" && !shared[panel.axis]) { shared[panel.axis] = p.x_range; }
     p.toolbar.logo = null;
-    p.xaxis.axis_label = panel.axis === "time" ? "minutes since the first telemetry sample" : data.x_label;
+    p.xaxis.axis_label = panel.x_label ||
+      (panel.axis === "time" ? "minutes since the first telemetry sample" : data.x_label);
     return p;
   }
 
@@ -44,7 +46,8 @@
       }
     });
     p.add_tools(new Bokeh.HoverTool({renderers: lines, mode: "vline", tooltips: [
-      ["run", "@run"], [data.x_label, "@x{0,0}"], [panel.value_label, "@y{0,0.[0000]}"]]}));
+      ["run", "@run"], [panel.x_label || data.x_label, panel.x_format || "@x{0,0}"],
+      [panel.value_label, "@y{0,0.[0000]}"]]}));
     (panel.hlines || []).forEach(function (y) {
       p.add_layout(new Bokeh.Span({location: y, dimension: "width", line_color: y === 0 ? "#555555" : "#d62728",
                                    line_dash: y === 0 ? "solid" : "dashed", line_width: 1.2}));

@@ -1,0 +1,83 @@
+"""`ms-llm sweep` (registered by `add_parsers(sub)` from ms_llm/cli.py) and `ms-llm debug lr-find`
+(registered under the debug tools by `add_lr_find_parser(dsub)` from ms_llm/debug/cli.py)."""
+import sys
+
+from ms_llm.errors import UserError
+
+
+def cmd_sweep(args):
+    from ms_llm.tune import cluster
+    from ms_llm.tune.space import build_spec
+    from ms_llm.tune.sweep import default_sweep_dir, run_sweep
+
+    if args.collect:
+        if args.config or args.vary:
+            raise UserError("--collect DIR reads the results of runs that already exist; it takes no --config or "
+                            "--vary (the sweep's own sweep.json, or the configs of the runs, say what was varied).")
+        return cluster.collect(args.collect, args.metric)
+    if not args.config:
+        raise UserError("sweep needs --config C and at least one --vary KEY=VALUES (or --collect DIR).")
+    spec = build_spec(args.config, args.overrides, args.vary, args.strategy, args.steps, args.metric or "val_loss",
+                      args.rounds, args.halving)
+    sweep_dir = args.sweep_dir or default_sweep_dir(args.config)
+    if args.print_commands:
+        return cluster.print_commands(spec, sweep_dir, args.launcher, args.workers, args.remote_root)
+    return run_sweep(spec, sweep_dir, args.parallel, argv=sys.argv[1:])
+
+
+def cmd_lr_find(args):
+    from ms_llm.tune.lr_find import lr_find
+
+    lr_find(args.config, args.overrides, args.steps, args.start_lr, args.end_lr, args.output_dir)
+    return 0
+
+
+def add_parsers(sub):
+    p = sub.add_parser("sweep", help="hyperparameter sweep: one-at-a-time from the golden config (or a grid), each "
+                                     "trial an ordinary run; table, sweep.json, page, best config")
+    p.add_argument("--config", help="the golden config (YAML); trials change only the --vary keys")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override a config value for every trial (part of the golden config)")
+    p.add_argument("--vary", action="append", default=[], metavar="KEY=VALUES",
+                   help="a key and its values (repeatable; one-at-a-time tunes them in this order): "
+                        "train.lr=1e-4,3e-4,1e-3 | train.lr=log:1e-4..1e-2:5 | train.weight_decay=lin:0..0.2:3")
+    p.add_argument("--strategy", default="one-at-a-time", choices=("one-at-a-time", "grid"),
+                   help="one-at-a-time (default): one key at a time, the others at their best so far; grid: every "
+                        "combination")
+    p.add_argument("--steps", type=int, help="optimizer steps per trial (default: the config's train.max_steps)")
+    p.add_argument("--metric", choices=("val_loss", "best_val_loss", "loss"),
+                   help="what ranks the trials (lower is better): val_loss (default, at the end of the trial), "
+                        "best_val_loss, or loss (the final training loss)")
+    p.add_argument("--sweep-dir", help="where trials and results go (default: runs/sweep-<config>-<time>); run the "
+                                       "same command with the same --sweep-dir to resume an interrupted sweep")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="one-at-a-time: at most this many passes over the keys (it stops when a pass changes "
+                        "nothing; default 3)")
+    p.add_argument("--parallel", type=int, default=1, metavar="K",
+                   help="run K trials at once, each pinned to 1/K of the cores (and, on Ascend/GPU, its own device)")
+    p.add_argument("--halving", action="store_true",
+                   help="successive halving: stop a trial clearly behind the others at 1/4 and 1/2 of its steps")
+    p.add_argument("--print-commands", action="store_true",
+                   help="print the trials' commands instead of running them (for msrun / ModelArts); run it again "
+                        "after they finish for the next ones (one-at-a-time)")
+    p.add_argument("--launcher", default="local", choices=("local", "msrun", "modelarts"),
+                   help="with --print-commands: a local 'ms-llm train', an msrun line, or a ModelArts boot command")
+    p.add_argument("--workers", type=int, default=8, help="with --launcher msrun: ranks per trial (default 8)")
+    p.add_argument("--remote-root", metavar="obs://BUCKET/PATH",
+                   help="with --launcher modelarts: each trial's --train_url is REMOTE_ROOT/<trial>")
+    p.add_argument("--collect", metavar="DIR", help="build the table, sweep.json, page and best config from the run "
+                                                    "directories under DIR, however they were run")
+    p.set_defaults(func=cmd_sweep)
+
+
+def add_lr_find_parser(dsub):
+    q = dsub.add_parser("lr-find", help="LR range test: LR rising exponentially from 1e-7 to 1 from the initial "
+                                        "weights; steepest descent, blow-up, suggested peak LR, loss-vs-LR page")
+    q.add_argument("--config", required=True)
+    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    q.add_argument("--steps", type=int, default=200, help="steps of the test (default 200)")
+    q.add_argument("--start-lr", type=float, default=1e-7, help="first LR (default 1e-7)")
+    q.add_argument("--end-lr", type=float, default=1.0, help="last LR (default 1)")
+    q.add_argument("--output-dir", help="where the test writes (default: runs/lr_find-<config>-<time>); never a run's "
+                                        "own directory")
+    q.set_defaults(func=cmd_lr_find)
