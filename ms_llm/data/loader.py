@@ -126,9 +126,9 @@ class TrainBatches:
         self.stream = open_stream(dataset_dir, manifest, split, dp, rank, seed, shuffle)
         self.files, self.num_samples = self.stream.files, self.stream.num_samples
         self.micro_batch, self.dp, self.num_workers = micro_batch, dp, num_workers
+        self.shuffle = shuffle  # the training stream; validation batches are read in order
         self.width = (seq_length or manifest["seq_length"]) + 1
         self.chunk = max(1, min(MAX_CHUNK // micro_batch, self.num_samples // (dp * micro_batch))) * micro_batch
-        self.wait_s = 0.0  # time the trainer spent waiting for batches (accumulated by the session)
         self.seek(consumed)  # this rank's stream position
 
     def seek(self, consumed):

@@ -172,9 +172,9 @@ def test_g_a_corrupt_token_in_a_batch_is_caught_before_the_forward(dataset, tmp_
 
     def corrupt(self):
         batch = original(self)
-        if self.stream.shuffle:  # the training stream (validation batches are read unshuffled)
+        if self.shuffle:  # the training stream (validation batches are read unshuffled)
             calls["n"] += 1
-        if calls["n"] == 3 and self.stream.shuffle:  # the third step: sample 5 carries an id no vocabulary has
+        if calls["n"] == 3 and self.shuffle:  # the third step: sample 5 carries an id no vocabulary has
             a = batch.asnumpy().copy()
             a[5, 7] = 10_000
             return ms.Tensor(a)
