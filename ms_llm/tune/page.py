@@ -122,7 +122,7 @@ def write_lr_find_page(result, points, path):
             ["lowest smoothed loss at LR", result.get("min_lr")], ["blew up at LR", result.get("blowup_lr")],
             ["steps run", result.get("steps_run")], ["stopped because", result.get("stop_reason")],
             ["config", result.get("config")]]
-    sections = {"summary": page.table(["", ""], rows) + f'<p class="note">{page.esc(result.get("rule", ""))}</p>',
+    sections = {"summary": page.table(["reading", "value"], rows) + f'<p class="note">{page.esc(result.get("rule", ""))}</p>',
                 "curves": f'<div class="grid">{page.panel_html("lr_find", p["title"], wide=True)}</div>'}
     html = page.document("ms_llm lr-find", f"LR range test, {result.get('steps_run')} steps", sections,
                          {"x_label": "learning rate", "panels": [p], "events": builder.event_lines()})

@@ -77,10 +77,10 @@ def build_spec(config, overrides, vary_args, strategy, steps, metric, rounds, ha
     steps = steps or golden_cfg.train.max_steps
     fixed = economy_overrides(golden_cfg, overrides, steps)
     base = load_config(config, overrides + fixed)
-    golden = {k: config_value(base, k) for k in vary}
-    for key, values in vary.items():
+    for key, values in vary.items():  # first: the loader's refusal names a misspelt key's closest match
         for v in values:
             check_point(config, overrides + fixed, {key: v}, f"--vary {key}={show(v)}")
+    golden = {k: config_value(base, k) for k in vary}
     with open(config, "rb") as f:
         sha = hashlib.sha256(f.read()).hexdigest()
     return Spec(config, list(overrides), vary, strategy, steps, metric, rounds, halving, sha, fixed, golden)

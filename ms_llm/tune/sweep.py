@@ -37,6 +37,7 @@ def open_sweep_dir(spec, sweep_dir, echo):
         old = Spec(**doc["spec"]) if isinstance(doc.get("spec"), dict) else None
         ident = spec.identity()
         diff = [k for k in ident if old is None or old.identity().get(k) != ident[k]]
+        diff = [k for k in diff if k != "fixed"] or diff  # `fixed` follows from --steps and --set: name the cause
         if diff:
             was = old.identity() if old else {}
             raise UserError(f"--sweep-dir {sweep_dir} holds another sweep ({', '.join(diff)} differ: "
