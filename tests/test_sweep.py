@@ -211,6 +211,44 @@ def test_successive_halving_verdict():
     assert behind(3.0, [2.0, 2.5, 3.5])  # in the worse half and clearly behind
 
 
+class FakeProcess:
+    def __init__(self):
+        self.signals = []
+
+    def send_signal(self, signum):
+        self.signals.append(signum)
+
+
+def test_runner_stops_a_diverging_or_behind_trial_with_one_sigterm(tmp_path):
+    from ms_llm.tune.runner import Runner, Running
+    from ms_llm.tune.trial import Trial
+
+    spec = fake_spec({"train.lr": [1e-3, 3e-3]}, {"train.lr": 1e-3})
+    spec.steps, spec.halving = 200, True
+    runner = Runner(spec, str(tmp_path / "sw"), 1, lambda *_: None)
+
+    def running(name, losses):
+        path = write_curve(tmp_path / name, losses, steps=200, final=False)
+        return Running(Trial({"train.lr": 1e-3}, path, []), FakeProcess(), 0, False, "log")
+
+    up = running("up", [4.0, 3.5, 3.0, 2.8, 2.7, 2.8, 3.5, 4.5, 6.0, 8.0, 9.0, 9.5])
+    runner.watch(up)
+    runner.watch(up)  # watched again before it exits: still one SIGTERM (a second would abort the save)
+    assert up.proc.signals == [signal.SIGTERM] and up.stop["reason"] == "diverged"
+
+    good = running("good", [4.0 - 0.15 * i for i in range(11)])  # reaches the rungs at steps 50 and 100 first
+    runner.watch(good)
+    assert good.proc.signals == [] and set(runner.rung_values) == {50, 100}
+    slow = running("slow", [4.0 - 0.05 * i for i in range(6)])  # at step 50: well behind the first
+    runner.watch(slow)
+    assert slow.proc.signals == [signal.SIGTERM] and slow.stop["reason"] == "behind"
+    assert "successive halving at step 50" in slow.stop["detail"]
+    spec.halving = False
+    slower = running("slower", [4.0 - 0.05 * i for i in range(6)])
+    runner.watch(slower)
+    assert slower.proc.signals == []  # without --halving only divergence stops a trial
+
+
 # --- results, --collect, --print-commands ---------------------------------------------------------------------
 
 def test_collect_runs_made_elsewhere(tmp_path):
