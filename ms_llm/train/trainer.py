@@ -11,6 +11,7 @@ import time
 from ms_llm.checkpoint import state as ckpt_state
 from ms_llm.checkpoint.saver import CheckpointSaver
 from ms_llm.config import save_config
+from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
 from ms_llm.parallel.layout import resolve_layout
@@ -66,7 +67,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
         with Preemption(log) as preemption:
             for step in range(start, t.max_steps):
                 with meter.waiting():
-                    batches = trun.session.next_batches()
+                    batches = next_batches(trun.session, step)
                 call(hooks, "before_step", trun, step, batches)
                 out = first_step(trun, meter, batches, layout, plan) if meter.compile_s is None else \
                     trun.session.train_step(batches)
@@ -178,6 +179,13 @@ def first_step(trun, meter, batches, layout, plan):
     meter.first_step(time.perf_counter() - t0)
     trun.log(f"compiled the training step in {meter.compile_s:.1f} s")
     return out
+
+
+def next_batches(s, step):
+    try:
+        return s.next_batches()
+    except UserError as e:  # a bad token id: name the step it would have corrupted
+        raise UserError(f"step {step + 1}, {e}") from None
 
 
 def halt_if_stuck(skips, done, trun, saver, meter):
