@@ -17,13 +17,29 @@ from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 
 VOCAB = 66
+UNIGRAM = 3.31  # the unigram entropy of Tiny Shakespeare's characters, in nats
 
 
-def write_run(path, records, overrides=(), final=True, info=None, stats=None):
-    """A run directory as the trainer leaves it: config.yaml, run_info.json, metrics.jsonl (+ stats.jsonl)."""
+def write_dataset(path, unigram=UNIGRAM, samples=15685):
+    """A dataset folder as far as diagnose reads it: manifest.json with sample counts and the unigram entropy."""
     os.makedirs(path, exist_ok=True)
+    manifest = {"schema_version": 2, "seq_length": 64, "vocab_size": VOCAB, "tokenizer": {"kind": "char"},
+                "splits": {"train": {"samples": samples, "shards": []}, "val": {"samples": 1742, "shards": []}}}
+    if unigram is not None:
+        manifest["stats"] = {"train": {"unigram_entropy_nats": unigram}}
+    with open(os.path.join(path, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    return str(path)
+
+
+def write_run(path, records, overrides=(), final=True, info=None, stats=None, unigram=UNIGRAM, samples=15685):
+    """A run directory as the trainer leaves it: config.yaml, run_info.json, metrics.jsonl (+ stats.jsonl), and a
+    dataset folder beside it whose manifest holds the unigram entropy (None: a dataset diagnose cannot reach)."""
+    os.makedirs(path, exist_ok=True)
+    data = write_dataset(os.path.join(os.path.dirname(path), "_data"), unigram, samples) if unigram else \
+        os.path.join(os.path.dirname(path), "_nowhere")
     cfg = load_config(None, [f"model.vocab_size={VOCAB}", "train.max_steps=2000", "train.log_interval=50",
-                             "train.eval_interval=500", *overrides])
+                             "train.eval_interval=500", f"data.dataset_dir={data}", *overrides])
     save_config(cfg, os.path.join(path, "config.yaml"))
     writer = MetricsWriter(str(path), 0, cfg.train.max_steps, echo=lambda *_: None)
     for r in records:
@@ -97,7 +113,8 @@ def test_healthy_run_has_no_findings(tmp_path, seed, fp16, capsys):
 def test_short_healthy_run_has_no_findings(tmp_path):
     # 60 steps, logged every 10: too short for the curve rules to judge, and they must not guess
     recs = healthy(steps=60, interval=10, eval_interval=20)
-    assert diagnose(write_run(tmp_path / "short", recs, ["train.max_steps=60", "train.log_interval=10"]))[1] == []
+    assert diagnose(write_run(tmp_path / "short", recs, ["train.max_steps=60", "train.log_interval=10",
+                                                         "train.warmup_steps=5"]))[1] == []
 
 
 # --- 1. NaN --------------------------------------------------------------------------------------------
@@ -161,7 +178,7 @@ def test_flat_loss_at_ln_vocab_suggests_overfit(tmp_path):
     f = finding(run, "loss_not_falling")
     assert any("ln(vocab_size = 66)" in e for e in f.evidence)
     assert any("ms-llm debug overfit" in a for a in f.actions)
-    assert any("LR too low" in c for c in f.causes) and any("label" in c for c in f.causes)
+    assert any("learning rate too low" in c for c in f.causes) and any("label" in c for c in f.causes)
 
 
 # --- 4. labels -------------------------------------------------------------------------------------------

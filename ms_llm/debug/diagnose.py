@@ -1,22 +1,47 @@
 """`ms-llm diagnose RUN`: symptoms in a run's metrics → evidence → likely causes → actions.
 
-Each rule (diagnose_loss.py, diagnose_system.py) reads the parsed run (`ms_llm.debug.runs.Run`) and returns a `Finding` or None. The
-thresholds are module constants, each documented (with the reason for its value) in docs/debugging.md; they
-were set so that healthy runs — the quickstart's 2,000 steps, whose grad norm doubles and whose loss scale
-grows as it should, and fp16 runs with the usual occasional overflow — produce no finding at all.
+Each rule reads the parsed run (`ms_llm.debug.runs.Run`) and the findings of the rules before it, and returns a
+list of `Finding`s or None:
+
+  diagnose_loss.py            NaN/Inf, divergence, suspicious labels, spikes
+  diagnose_progress.py        progress against references (ln V, unigram entropy, sibling runs; diagnose_refs.py)
+  diagnose_generalisation.py  validation rising / gap widening, with the best step and epochs
+  diagnose_system.py          throughput, loss scale, memory, clipping, tensor-statistics flags, events
+  diagnose_device.py          temperature, host contention, unsupported operators and OOM in logs/, speedup
+  diagnose_schedule.py        schedule and optimizer settings: findings when the curve shows them, else notes
+
+Causes carry a confidence (diagnose_common.cause) from the evidence for them (diagnose_causes.py). The thresholds
+are module constants, each documented (with the reason for its value) in docs/debugging.md; they were set so that
+healthy runs produce no finding at all.
 """
+import os
+
 from ms_llm.debug.diagnose_common import SEVERITY_ORDER, memory_limit_gib
-from ms_llm.debug.diagnose_loss import rule_divergence, rule_labels, rule_nonfinite, rule_not_falling, rule_spikes
-from ms_llm.debug.diagnose_system import (rule_always_clipped, rule_data_wait, rule_events,
-                                          rule_loss_scale, rule_low_mfu, rule_memory, rule_stats, rule_uneven)
+from ms_llm.debug.diagnose_device import rule_logs, rule_speedup, rule_temperature, scan_logs
+from ms_llm.debug.diagnose_generalisation import rule_generalisation
+from ms_llm.debug.diagnose_loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes
+from ms_llm.debug.diagnose_progress import rule_progress, rule_siblings
+from ms_llm.debug.diagnose_schedule import rule_schedule
+from ms_llm.debug.diagnose_system import (rule_always_clipped, rule_data_wait, rule_events, rule_loss_scale,
+                                          rule_low_mfu, rule_memory, rule_memory_growth, rule_stats, rule_uneven)
 from ms_llm.debug.runs import load_run
 from ms_llm.errors import UserError
 
 
 def diagnose(run_dir, device_memory=None):
-    """(run, findings) for the run in `run_dir`; findings sorted errors first. Bad input is a UserError."""
-    run = load_run(run_dir)
+    """(run, findings) for the run in `run_dir`; findings sorted errors first. Bad input is a UserError. A run
+    that died before its first log interval is still diagnosed when its logs name the error (an unsupported
+    operator, out of memory)."""
+    try:
+        run = load_run(run_dir)
+    except UserError:
+        if not os.path.isdir(run_dir) or not any(scan_logs(load_run(run_dir, need_metrics=False)).values()):
+            raise
+        run = load_run(run_dir, need_metrics=False)
+        return run, sorted(rule_logs(run, {}, None), key=lambda f: SEVERITY_ORDER[f.severity])
     if not run.train and not run.evals:
+        if any(scan_logs(run).values()):
+            return run, sorted(rule_logs(run, {}, None), key=lambda f: SEVERITY_ORDER[f.severity])
         raise UserError(f"'{run_dir}/metrics.jsonl' holds no training records ({run.bad_lines} unreadable line(s)). "
                         f"The run stopped before its first log interval (train.log_interval = "
                         f"{run.cfg('train.log_interval', '?')} steps) or the file is damaged; look at the run's "
@@ -33,8 +58,9 @@ def exit_code(findings):
     return 1 if any(f.severity != "info" for f in findings) else 0
 
 
-RULES = [rule_nonfinite, rule_divergence, rule_not_falling, rule_labels, rule_spikes, rule_data_wait, rule_uneven,
-         rule_low_mfu, rule_loss_scale, rule_memory, rule_always_clipped, rule_stats, rule_events]
+RULES = [rule_nonfinite, rule_divergence, rule_progress, rule_siblings, rule_labels, rule_generalisation, rule_spikes,
+         rule_data_wait, rule_uneven, rule_temperature, rule_low_mfu, rule_loss_scale, rule_memory, rule_memory_growth,
+         rule_always_clipped, rule_stats, rule_logs, rule_speedup, rule_schedule, rule_events]
 
 
 def format_report(run_dir, run, findings):

@@ -4,6 +4,8 @@ The thresholds are documented (with the reason for each value) in docs/debugging
 that healthy runs produce no finding at all.
 """
 import math
+import os
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -28,18 +30,34 @@ CLIP_SHARE, CLIP_RATIO = 0.9, 2.0
 CPU_RAM_SHARE = 0.9      # default memory limit of a CPU run: 0.9 x this machine's RAM
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
+CONFIDENCE = ("high", "medium", "low")
+
+
 @dataclass
 class Finding:
     id: str
     severity: str  # error | warning | info (info never fails the exit code)
     symptom: str
     evidence: list
-    causes: list  # most likely first
+    causes: list  # most likely first, each ending in "[confidence: high|medium|low]" (see cause())
     actions: list
     steps: list = field(default_factory=list)  # the steps the evidence cites
 
+    @property
+    def confidence(self):
+        """The confidence of the first (most likely) cause, or "" when it states none."""
+        m = re.search(r"\[confidence: (\w+)\]$", self.causes[0]) if self.causes else None
+        return m.group(1) if m else ""
+
     def to_dict(self):
-        return asdict(self)
+        return dict(asdict(self), confidence=self.confidence)
+
+
+def cause(text, confidence):
+    """A cause with how sure the evidence makes us: high (the evidence points at it and at little else), medium
+    (it fits, and so does another cause, named next to it), low (possible; nothing seen for or against it)."""
+    assert confidence in CONFIDENCE, confidence
+    return f"{text} [confidence: {confidence}]"
 
 
 # --- helpers ---------------------------------------------------------------------------------------------
@@ -117,6 +135,12 @@ def parse_size_gib(text, what):
     if value <= 0:
         raise UserError(f"{what} = '{text}' is not a memory size. Write it like 64GB, 58GB or 512MB.")
     return value
+
+
+def cache_dir(*parts):
+    """~/.cache/ms_llm/diagnose/... (or $MS_LLM_CACHE/diagnose/...): what diagnose computes once per dataset."""
+    root = os.environ.get("MS_LLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ms_llm"))
+    return os.path.join(root, "diagnose", *parts)
 
 
 def ram_gib():

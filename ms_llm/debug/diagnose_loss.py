@@ -1,12 +1,13 @@
-"""Rules 1-5 of `ms-llm diagnose`: what the loss curve says (non-finite values, divergence, no progress,
-suspicious labels, spikes)."""
+"""Rules 1, 2, 4 and 5 of `ms-llm diagnose`: what the loss curve says (non-finite values, divergence, suspicious
+labels, spikes). Rule 3 (progress against references) is in diagnose_progress.py."""
 import math
 import statistics
 
-from ms_llm.debug.diagnose_common import (DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, EXPLODE_FACTOR,
-    FLAT_MIN_STEPS, FLAT_REL_DROP, Finding, MIN_RECORDS, OVERFLOW_SHARE, SMOOTH, SPIKE_MIN_WINDOW, SPIKE_REL,
-    SPIKE_WINDOW, SPIKE_Z, STUCK_TRAIN_DROP, STUCK_VAL, UNIFORM_FRAC, UNIFORM_MARGIN, VAL_GAP_ABS, VAL_GAP_REL,
-    ZERO_LOSS, curve, early_median, first_nonfinite_step, g, lr_actions, nonfinite, points, quoted, steps_text)
+from ms_llm.debug.diagnose_common import (DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, EXPLODE_FACTOR, Finding,
+    MIN_RECORDS, OVERFLOW_SHARE, SMOOTH, SPIKE_MIN_WINDOW, SPIKE_REL, SPIKE_WINDOW, SPIKE_Z, STUCK_TRAIN_DROP,
+    STUCK_VAL, UNIFORM_MARGIN, VAL_GAP_ABS, VAL_GAP_REL, ZERO_LOSS, cause, curve, early_median, first_nonfinite_step,
+    g, lr_actions, nonfinite, points, quoted, steps_text)
+from ms_llm.debug.diagnose_schedule import UNSTABLE, causes_for
 
 # --- 1. NaN / Inf --------------------------------------------------------------------------------------
 
@@ -34,17 +35,20 @@ def rule_nonfinite(run, found, _):
     fp16 = run.cfg("precision.compute_dtype") == "float16"
     causes = []
     if exploding:
-        causes.append(f"exploding gradients: the LR is too high or clipping too loose "
-                      f"(train.lr = {g(run.cfg('train.lr'))}, train.clip_grad = {run.cfg('train.clip_grad')})")
+        causes.append(cause(f"exploding gradients: the LR is too high or clipping too loose "
+                            f"(train.lr = {g(run.cfg('train.lr'))}, train.clip_grad = {run.cfg('train.clip_grad')})",
+                            "high"))
     if fp16:
-        causes.append("float16 overflow: activations or gradients above 65504"
-                      + (" (overflows were frequent before the NaN)" if overflowing else ""))
+        causes.append(cause("float16 overflow: activations or gradients above 65504"
+                            + (" (overflows were frequent before the NaN)" if overflowing else ""),
+                            "high" if overflowing or not exploding else "medium"))
     if not fp16 and overflowing:
-        causes.append("non-finite gradients in float32/bfloat16 are not a range problem: a NaN source in the graph")
-    causes.append("a NaN/Inf source: bad input ids or a numerically unsafe op (log of 0, division by zero, "
-                  "a softmax row masked entirely)")
+        causes.append(cause("non-finite gradients in float32/bfloat16 are not a range problem: a NaN source in the "
+                            "graph", "medium"))
+    causes.append(cause("a NaN/Inf source: bad input ids or a numerically unsafe op (log of 0, division by zero, "
+                        "a softmax row masked entirely)", "low" if exploding or fp16 else "medium"))
     if not exploding:
-        causes.append(f"exploding gradients (LR too high: train.lr = {g(run.cfg('train.lr'))})")
+        causes.append(cause(f"exploding gradients (LR too high: train.lr = {g(run.cfg('train.lr'))})", "low"))
     actions = [f"ms-llm debug nan --run-dir {rd} (finds the first op and layer producing NaN/Inf)"]
     if fp16:
         actions.append("--set precision.compute_dtype=bfloat16 (float32's range at float16's cost)")
@@ -59,9 +63,10 @@ def rule_nonfinite_val(run):
         return None
     return [Finding("loss_nonfinite", "error", f"validation loss NaN/Inf at step {bad[0]} while the training loss "
                     f"is finite", [f"val_loss non-finite at steps {steps_text(bad)}"],
-                    ["evaluation overflows in float16 (no loss scale protects the forward pass)",
-                     "an empty or padded-only validation batch (division by zero tokens)",
-                     "validation ids outside the vocabulary (dataset built with another tokenizer)"],
+                    [cause("evaluation overflows in float16 (no loss scale protects the forward pass)",
+                           "medium" if run.cfg("precision.compute_dtype") == "float16" else "low"),
+                     cause("an empty or padded-only validation batch (division by zero tokens)", "low"),
+                     cause("validation ids outside the vocabulary (dataset built with another tokenizer)", "low")],
                     [f"ms-llm debug nan --run-dir {quoted(run.path)}",
                      "check data.dataset_dir's manifest.json: vocab_size and tokenizer match the model"], bad[:1])]
 
@@ -112,12 +117,22 @@ def rule_divergence(run, found, _):
               f"train.clip_grad = {run.cfg('train.clip_grad')}")
     clip = run.cfg("train.clip_grad", 0)
     loose = not clip or clip > 1
-    causes = [f"learning rate (LR) too high for this model and batch (train.lr = {g(run.cfg('train.lr'))})",
-              f"LR warmup too short (train.warmup_steps = {run.cfg('train.warmup_steps')})"]
-    causes += [f"gradient clipping off or loose (train.clip_grad = {clip})"] if loose else []
-    causes += ["float16 range: growing activations overflow"] if run.cfg("precision.compute_dtype") == "float16" else []
-    causes.append("a run of bad batches around the onset (duplicated or corrupt documents)")
-    actions = lr_actions(run) + (["--set train.clip_grad=1.0"] if loose else []) + [
+    sched, sched_actions, settings = causes_for(run, UNSTABLE)
+    ev += settings
+    strong = [c for c in sched if c.endswith("[confidence: high]")]
+    warm = run.cfg("train.warmup_steps", 0)
+    causes = strong + [cause(f"learning rate (LR) too high for this model and batch (train.lr = "
+                             f"{g(run.cfg('train.lr'))})", "medium" if strong else "high" if above or blowup
+                             else "medium"),
+                       cause(f"LR warmup too short (train.warmup_steps = {warm})",
+                             "medium" if warm < 0.01 * (run.max_steps or 0) or warm < 50 else "low")]
+    causes += [c for c in sched if c not in strong]
+    causes += [cause(f"gradient clipping off or loose (train.clip_grad = {clip})", "medium" if not clip else "low")
+               ] if loose else []
+    causes += [cause("float16 range: growing activations overflow", "low")] \
+        if run.cfg("precision.compute_dtype") == "float16" else []
+    causes.append(cause("a run of bad batches around the onset (duplicated or corrupt documents)", "low"))
+    actions = sched_actions + lr_actions(run) + (["--set train.clip_grad=1.0"] if loose else []) + [
         "--set train.beta2=0.95 (faster-adapting second moment, the usual LLM setting)",
         "--set monitor.tensor_stats.every=50 (which layers' gradients grow)"]
     if onset is not None:
@@ -130,41 +145,7 @@ def rule_divergence(run, found, _):
                     f"value by step {top[0]}", ev, causes, actions, [top[0]])]
 
 
-# --- 3. loss not falling -------------------------------------------------------------------------------
-
-def rule_not_falling(run, found, _):
-    if "loss_nonfinite" in found or "divergence" in found:
-        return None  # those explain the curve better
-    pts = curve(run)
-    if len(pts) < MIN_RECORDS or pts[-1][0] < max(FLAT_MIN_STEPS, run.cfg("train.warmup_steps", 0)):
-        return None
-    first, late = pts[0][1], statistics.median(v for _, v in pts[-3:])
-    vocab = run.cfg("model.vocab_size")
-    uniform = math.log(vocab) if vocab and vocab > 1 else None
-    at_uniform = uniform is not None and late >= UNIFORM_FRAC * uniform
-    if not at_uniform and first - late >= FLAT_REL_DROP * first:
-        return None
-    ev = [f"loss {g(first)} at step {pts[0][0]}, {g(late)} (median of the last 3 records) at step {pts[-1][0]}: "
-          f"{100 * (first - late) / first:.1f}% lower"]
-    causes = []
-    if uniform is not None:
-        ev.append(f"ln(vocab_size = {vocab}) = {g(uniform)}: the loss of a uniform guess")
-    skipped = run.train[-1].get("skipped") or 0
-    if skipped >= 0.5 * pts[-1][0]:
-        ev.append(f"{skipped} of {pts[-1][0]} steps were skipped as overflows")
-        causes.append("most optimizer steps are skipped (loss-scale overflow): the weights barely change")
-    if at_uniform:
-        causes.append("nothing is learned: the model predicts uniformly (frozen/zero gradients, LR ≈ 0, "
-                      "or targets unrelated to the inputs)")
-    causes += [f"LR too low (train.lr = {g(run.cfg('train.lr'))}), or too high so the loss bounces on a plateau",
-               "a label bug: targets misaligned with inputs (not shifted by one, or shuffled separately)",
-               "a fine-tuned model already at its plateau (checkpoint.load_weights) — then this is expected"]
-    actions = ["ms-llm debug overfit (a correct model drives one batch's loss to ~0; if it cannot, the bug is in "
-               "the model, labels or optimizer, not the LR)",
-               f"--set train.lr={run.cfg('train.lr', 1e-3) * 3:.2g} (3x) and --set train.lr="
-               f"{run.cfg('train.lr', 1e-3) / 3:.2g} (1/3) for a few hundred steps each"]
-    return [Finding("loss_not_falling", "error", f"loss not falling after {pts[-1][0]} steps", ev, causes, actions,
-                    [pts[0][0], pts[-1][0]])]
+# --- 3. loss not falling: ms_llm/debug/diagnose_progress.py -------------------------------------------
 
 
 # --- 4. suspicious labels ------------------------------------------------------------------------------
@@ -180,11 +161,11 @@ def rule_labels(run, found, _):
                   + (f"; val_loss {g(near_val[0])} after it" if near_val else "; no evaluation to compare"))
         steps.append(zero[0])
         if near_val and near_val[0] < 2 * ZERO_LOSS:
-            causes.append("the future is visible to the model: targets equal inputs (not shifted by one) or the "
-                          "causal mask is missing — train and val loss both collapse")
+            causes.append(cause("the future is visible to the model: targets equal inputs (not shifted by one) or "
+                                "the causal mask is missing — train and val loss both collapse", "high"))
         else:
-            causes.append("the training step's targets are not shifted (or shifted twice) while evaluation's are: "
-                          "the model learns to copy its input")
+            causes.append(cause("the training step's targets are not shifted (or shifted twice) while evaluation's "
+                                "are: the model learns to copy its input", "high" if near_val else "medium"))
     half = (run.max_steps or math.inf) / 2
     first_eval = evals[0] if evals and evals[0][0] <= half else None
     train_at = [v for s, v in pts if first_eval and s <= first_eval[0]]
@@ -195,9 +176,10 @@ def rule_labels(run, found, _):
                       f"{g(train_at[-1])} (+{g(gap)}) — too early in the run for overfitting")
             steps.append(first_eval[0])
             if not zero:  # with a collapsed training loss the cause above already says this
-                causes.append("training and evaluation build targets differently (one shifts, the other does not, "
-                              "or shifts twice)")
-            causes.append("the validation split comes from another tokenizer or distribution (data.dataset_dir)")
+                causes.append(cause("training and evaluation build targets differently (one shifts, the other does "
+                                    "not, or shifts twice)", "medium"))
+            causes.append(cause("the validation split comes from another tokenizer or distribution "
+                                "(data.dataset_dir)", "medium"))
     vocab = run.cfg("model.vocab_size")
     if len(evals) >= 2 and len(pts) >= MIN_RECORDS and vocab and not steps:
         uniform, fell = math.log(vocab), (pts[0][1] - pts[-1][1]) / pts[0][1]
@@ -206,12 +188,13 @@ def rule_labels(run, found, _):
                       f"left the uniform-prediction level ln(vocab) = {g(uniform)} (best {g(min(v for _, v in evals))}):"
                       f" what the step learns does not transfer to next-token prediction")
             steps.append(evals[-1][0])
-            causes.append("the training step's targets are not the next tokens (not shifted, or shifted twice) while "
-                          "evaluation's are")
-            causes.append("the validation split comes from another tokenizer or distribution (data.dataset_dir)")
+            causes.append(cause("the training step's targets are not the next tokens (not shifted, or shifted "
+                                "twice) while evaluation's are", "high"))
+            causes.append(cause("the validation split comes from another tokenizer or distribution "
+                                "(data.dataset_dir)", "medium"))
     if not ev:
         return None
-    causes.append("memorising a tiny dataset over many epochs (then val_loss rises while train falls)")
+    causes.append(cause("memorising a tiny dataset over many epochs (then val_loss rises while train falls)", "low"))
     actions = ["ms-llm debug overfit (checks model + labels on one batch)",
                "decode one training batch and check targets == inputs shifted by one token (ids[:, 1:] vs "
                "ids[:, :-1]), in the training step and in evaluation",
@@ -250,12 +233,19 @@ def rule_spikes(run, found, _):
         return None
     ev = [f"step {s}: loss {g(v)}, up from {g(m)} at the record before (+{100 * (v - m) / m:.0f}%; z = {z:.1f} "
           f"against up to {SPIKE_WINDOW} previous changes)" for s, v, m, z in spikes[:10]]
-    causes = ["bad batches at those steps (corrupt, duplicated or very long/repetitive documents)",
-              f"LR near the edge of stability (train.lr = {g(run.cfg('train.lr'))})",
-              f"Adam's second moment adapting too slowly (train.beta2 = {run.cfg('train.beta2')})"]
+    sched, sched_actions, settings = causes_for(run, UNSTABLE)
+    ev += settings
+    causes = [c for c in sched if c.endswith("[confidence: high]")] + [
+        cause("bad batches at those steps (corrupt, duplicated or very long/repetitive documents)",
+              "medium" if len(spikes) <= 3 else "low"),
+        cause(f"LR near the edge of stability (train.lr = {g(run.cfg('train.lr'))})",
+              "medium" if len(spikes) > 3 else "low"),
+        cause(f"Adam's second moment adapting too slowly (train.beta2 = {run.cfg('train.beta2')})",
+              "medium" if run.cfg("train.beta2", 0) >= 0.999 else "low")]
+    causes += [c for c in sched if not c.endswith("[confidence: high]")]
     if run.cfg("precision.compute_dtype") == "float16":
-        causes.append("float16 precision loss in attention logits or norms")
-    actions = [f"inspect the batches of steps {steps_text([s for s, *_ in spikes])} (data position = step x "
+        causes.append(cause("float16 precision loss in attention logits or norms", "low"))
+    actions = sched_actions + [f"inspect the batches of steps {steps_text([s for s, *_ in spikes])} (data position = step x "
                f"global_batch_size samples)", "--set train.beta2=0.95", lr_actions(run)[0],
                "--set train.clip_grad=1.0" if not run.cfg("train.clip_grad") else "--set monitor.tensor_stats.every=50"]
     return [Finding("loss_spikes", "warning", f"{len(spikes)} loss spike(s) at steps "

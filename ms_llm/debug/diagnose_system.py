@@ -1,17 +1,39 @@
-"""Rules 6-12 of `ms-llm diagnose`: throughput, loss scaling, communication, memory, clipping, tensor
+"""Rules 6-12 of `ms-llm diagnose`: throughput, loss scaling, memory (near the limit, growing), clipping, tensor
 statistics flags and events."""
 import statistics
 
 from ms_llm.debug.diagnose_common import (CLIP_RATIO, CLIP_SHARE, DATA_WAIT_FRAC, Finding, LOW_MFU,
     LOW_MFU_MIN_HIDDEN, MEMORY_FRAC, MIN_RECORDS, OVERFLOW_MIN, OVERFLOW_SHARE, SCALE_DROPS_MIN, SCALE_DROPS_SHARE,
-    SLOW_FRAC, SLOW_MIN_RECORDS, SLOW_SHARE, finite, g, lr_actions, points, quoted, steps_text)
+    SLOW_FRAC, SLOW_MIN_RECORDS, SLOW_SHARE, cause, finite, g, lr_actions, points, quoted, steps_text)
+from ms_llm.debug.diagnose_device import contention_text, host_contention
+
+CONTENDED_SHARE = 0.75   # slow records that coincide with host load: host contention, a note
+MEM_GROWTH_ABS, MEM_GROWTH_REL, MEM_RISING = 0.05, 0.10, 0.7  # +50 MiB and +10%, rising in 70% of the intervals
 
 # --- 6. throughput -------------------------------------------------------------------------------------
 
 def steady(run, key):
-    """(step, value) of `key` without the first log record, which carries the warm-up."""
+    """(step, value) of `key` without the first log record, which carries the warm-up, and without the records
+    of a profiled window (profile_start/profile_stop events), whose steps the profiler slows by design."""
     pts = points(run.train, key)
-    return pts[1:] if len(pts) > 1 else pts
+    pts = pts[1:] if len(pts) > 1 else pts
+    prof = profiled(run)
+    return [p for p in pts if p[0] not in prof]
+
+
+def profiled(run):
+    """Steps of the log records whose interval overlaps a profiled window."""
+    interval = run.cfg("train.log_interval", 1) or 1
+    windows, start = [], None
+    for e in sorted(run.events, key=lambda e: e["step"]):
+        if e.get("event") == "profile_start":
+            start = e["step"]
+        elif e.get("event") == "profile_stop" and start is not None:
+            windows.append((start, e["step"]))
+            start = None
+    if start is not None:
+        windows.append((start, float("inf")))
+    return {r["step"] for r in run.train for a, b in windows if r["step"] > a and r["step"] - interval < b}
 
 
 def rule_data_wait(run, found, _):
@@ -24,10 +46,10 @@ def rule_data_wait(run, found, _):
     ev = [f"median data wait {100 * med:.0f}% of step time (max {100 * max(v for _, v in pts):.0f}%); above "
           f"{100 * DATA_WAIT_FRAC:.0f}% in {len(high)} of {len(pts)} records (steps {steps_text(high)})",
           f"data.num_workers = {workers}"]
-    causes = [f"too few reader threads (data.num_workers = {workers})",
-              "the dataset on slow or network storage (OBS/NFS mount): reads stall each step",
-              "tokenizing on the fly instead of reading preprocessed MindRecord",
-              "CPU contention on the host (other jobs, too many ranks per host)"]
+    causes = [cause(f"too few reader threads (data.num_workers = {workers})", "medium"),
+              cause("the dataset on slow or network storage (OBS/NFS mount): reads stall each step", "medium"),
+              cause("tokenizing on the fly instead of reading preprocessed MindRecord", "low"),
+              cause("CPU contention on the host (other jobs, too many ranks per host)", "low")]
     actions = [f"--set data.num_workers={max(2, 2 * workers)}", "copy the dataset to local disk (or cache it)",
                "ms-llm preprocess --config <config> (packed MindRecord once, read fast afterwards)"]
     return [Finding("data_wait", "warning", f"input pipeline stalls: {100 * med:.0f}% of step time waiting for data",
@@ -47,14 +69,52 @@ def rule_uneven(run, found, _):
     ev = [f"median {med:,.0f} tokens/s; {len(slow)} of {len(pts)} records below {100 * SLOW_FRAC:.0f}% of it: "
           + ", ".join(f"step {s}: {v:,.0f}" for s, v in slow[:8]),
           f"median data wait in the slow records: {100 * slow_wait:.0f}%"]
-    causes = (["data stalls (the slow records wait for data)"] if slow_wait > DATA_WAIT_FRAC else []) + [
-        "host contention: other processes, CPU frequency scaling, swapping",
-        "a straggler rank or shared network in multi-card runs",
-        "recompilation (changing shapes) or synchronous checkpoint writes"]
-    actions = ["--set checkpoint.async_save=true", "profile a slow window: --set monitor.profile.start_step=<step> "
-               "--set monitor.profile.stop_step=<step+10>", "check the host: top / npu-smi info for other jobs"]
+    prof = profiled(run)
+    if prof:
+        ev.append(f"records of the profiled window left out (steps {steps_text(sorted(prof))})")
+    steps = [s for s, _ in slow]
+    busy = host_contention(run, steps)
+    stall = slow_wait > DATA_WAIT_FRAC
+    if busy:
+        ev.append(contention_text(busy))
+    elif any(True for _ in _telemetry_loads(run)):
+        ev.append("telemetry: the host load stayed within its cores: not other processes")
+    else:
+        ev.append("no host load in telemetry.jsonl (monitor.telemetry_interval_s off?): host contention cannot be "
+                  "checked")
+    actions = ["profile a slow window: --set monitor.profile.start_step=<step> --set monitor.profile.stop_step="
+               "<step+10>", "check the host: top / npu-smi info for other jobs"]
+    if not stall and busy and len(busy[0]) >= CONTENDED_SHARE * len(slow):
+        causes = [cause("host contention: other processes on this machine took CPU time from the run (the load "
+                        "average exceeded its cores while the steps were slow)", "high"),
+                  cause("a stall inside the run (recompilation, garbage collection, a straggler rank) would look the "
+                        "same; rerun on an idle host to rule it out", "low")]
+        return [Finding("host_contention", "info", "throughput uneven while the host was shared with other processes",
+                        ev, causes, ["run on an idle host (or fewer jobs per host) when throughput matters"] + actions,
+                        steps[:10])]
+    multi = ((run.info.get("parallel") or {}).get("world_size") or 1) > 1
+    inside = cause("a stall inside the run: recompilation (changing shapes), garbage collection, a monitor that "
+                   "syncs the device", "medium")
+    straggler = cause("a straggler rank or a shared network (all ranks wait for the slowest)",
+                      "medium" if multi else "low")
+    host = cause("host contention: other processes, CPU frequency scaling, swapping",
+                 "medium" if busy else "low")
+    if stall:
+        causes = [cause("data stalls: the slow records wait for data", "high"), host, inside, straggler]
+    elif busy:
+        causes = [host, inside, straggler]
+    else:
+        causes = [inside, straggler, host]
+    actions.insert(0, f"--set data.num_workers={2 * run.cfg('data.num_workers', 1)}" if stall else
+                   "--set train.log_interval=1 for a while (which steps are slow, and how regularly)")
     return [Finding("throughput_uneven", "warning", "uneven (saw-toothed) throughput", ev, causes, actions,
-                    [s for s, _ in slow[:10]])]
+                    steps[:10])]
+
+
+def _telemetry_loads(run):
+    from ms_llm.debug.diagnose_device import telemetry
+
+    return (s for s in telemetry(run) if isinstance(s.get("load1"), (int, float)))
 
 
 def rule_low_mfu(run, found, _):
@@ -69,8 +129,14 @@ def rule_low_mfu(run, found, _):
           f"mode {run.cfg('context.mode')})"]
     for op in (run.final.get("profile_top_ops") or [])[:3]:
         ev.append(f"profile: {op.get('op')} {g(op.get('ms_per_step'))} ms/step ({100 * (op.get('share') or 0):.0f}%)")
-    causes = ["micro batch too small to keep the device busy", "pynative mode or jit_level O0 (no graph fusion)",
-              "full recompute where select_recompute would do", "data waits or communication (see those findings)"]
+    pynative = run.cfg("context.mode") == "pynative" or run.cfg("context.jit_level") == "O0"
+    causes = [cause("pynative mode or jit_level O0 (no graph fusion)", "high"),
+              cause("micro batch too small to keep the device busy", "medium")] if pynative else [
+        cause("micro batch too small to keep the device busy", "medium")]
+    causes += [cause("full recompute where select_recompute would do",
+                     "medium" if run.cfg("recompute_config.recompute") else "low"),
+               cause("data waits or communication (see those findings)",
+                     "medium" if "data_wait" in found else "low")]
     actions = [f"--set train.micro_batch_size={2 * run.cfg('train.micro_batch_size', 1)} (if memory allows)",
                "--set context.mode=graph", "--set recompute_config.select_recompute=true instead of full recompute",
                "ms-llm benchmark --config <config> and a profile window (monitor.profile) for the top ops"]
@@ -99,11 +165,11 @@ def rule_loss_scale(run, found, _):
           f"loss scale {scales[0]:,.0f} → {scales[-1]:,.0f} (min {min(scales):,.0f}); it dropped at {len(drops)} of "
           f"{len(recs) - 1} records (steps {steps_text(drops)})"]
     fp16 = run.cfg("precision.compute_dtype") == "float16"
-    causes = (["float16 range: gradients or activations exceed 65504 or underflow"] if fp16 else
-              ["non-finite gradients outside float16: a NaN source in the graph, not a range problem"])
-    causes += [f"LR too high: weights and activations grow (train.lr = {g(run.cfg('train.lr'))})",
-               f"loss-scale settings: init_scale {g(run.cfg('precision.init_scale'))}, scale_window "
-               f"{run.cfg('precision.scale_window')}"]
+    causes = ([cause("float16 range: gradients or activations exceed 65504 or underflow", "high")] if fp16 else
+              [cause("non-finite gradients outside float16: a NaN source in the graph, not a range problem", "high")])
+    causes += [cause(f"LR too high: weights and activations grow (train.lr = {g(run.cfg('train.lr'))})", "medium"),
+               cause(f"loss-scale settings: init_scale {g(run.cfg('precision.init_scale'))}, scale_window "
+                     f"{run.cfg('precision.scale_window')}", "low")]
     actions = (["--set precision.compute_dtype=bfloat16 (no loss scale needed)"] if fp16 else []) + [
         lr_actions(run)[0], f"ms-llm debug nan --run-dir {quoted(run.path)}",
         f"--set precision.scale_window={2 * run.cfg('precision.scale_window', 1000)} (fewer growth attempts)"]
@@ -124,11 +190,11 @@ def rule_memory(run, found, limit):
           f"{limit:.1f} GiB limit"]
     recompute = run.cfg("recompute_config.recompute") or run.cfg("recompute_config.select_recompute")
     sharded = run.cfg("parallel_config.optimizer_shard")
-    causes = ["activations of the micro batch (grow with micro_batch_size x seq_length x hidden x layers)"
-              + (" — recompute is already on" if recompute else ""),
-              "weights, gradients and AdamW states (16 bytes per parameter in float32)"
-              + (", already sharded" if sharded else ", replicated on every data-parallel rank"),
-              "memory fragmentation close to the limit"]
+    causes = [cause("activations of the micro batch (grow with micro_batch_size x seq_length x hidden x layers)"
+                    + (" — recompute is already on" if recompute else ""), "medium" if recompute else "high"),
+              cause("weights, gradients and AdamW states (16 bytes per parameter in float32)"
+                    + (", already sharded" if sharded else ", replicated on every data-parallel rank"), "medium"),
+              cause("memory fragmentation close to the limit", "low")]
     actions = ([] if recompute else
                ["recompute_config.recompute: true (or select_recompute: true for a cheaper partial recompute)"])
     actions += [] if sharded else ["parallel_config.optimizer_shard: true (AdamW states split over data-parallel "
@@ -152,58 +218,161 @@ def rule_always_clipped(run, found, _):
     if share < CLIP_SHARE or med < CLIP_RATIO * clip:
         return None
     accum = run.accumulation
+    cv = statistics.pstdev(gn) / statistics.fmean(gn)
     ev = [f"grad_norm above train.clip_grad = {g(clip)} in {100 * share:.0f}% of {len(gn)} records; median "
-          f"{g(med)} = {med / clip:.1f}x the clip",
+          f"{g(med)} = {med / clip:.1f}x the clip; variation (std/mean) {cv:.2f}",
           f"accumulation steps = global {run.cfg('train.global_batch_size')} / (micro "
           f"{run.cfg('train.micro_batch_size')} x data-parallel {run.data_parallel}) = {accum}"]
-    causes = [f"clip_grad too small for this model: every update is rescaled (norms are routinely {g(med)})",
-              "LR too high keeps the gradients large"]
-    actions = [f"--set train.clip_grad={med:.2g} (about the typical norm) if the run is otherwise healthy"]
     if accum > 1:
-        causes.insert(0, f"gradient accumulation without dividing the loss by the accumulation steps: norms come out "
-                         f"{accum}x too large (accumulation = {accum})")
-        actions.insert(0, f"compare with accumulation 1: --set train.global_batch_size="
-                          f"{run.cfg('train.global_batch_size') // accum} for a few steps; a grad_norm about "
-                          f"{accum}x smaller means the loss is not divided by the accumulation steps")
-    return [Finding("always_clipped", "warning", "gradients always clipped", ev, causes, actions)]
+        causes = [cause(f"gradient accumulation without dividing the loss by the accumulation steps: norms come out "
+                        f"{accum}x too large (accumulation = {accum})", "medium"),
+                  cause("large gradients of a model that is still far from a minimum (early, or LR too low)", "low")]
+        actions = [f"compare with accumulation 1: --set train.global_batch_size="
+                   f"{run.cfg('train.global_batch_size') // accum} for a few steps; a grad_norm about {accum}x smaller "
+                   f"means the loss is not divided by the accumulation steps",
+                   "--set monitor.tensor_stats.every=5 (its grad_scale_mismatch flag measures the ratio directly)"]
+        return [Finding("always_clipped", "warning", "gradients always clipped, far above the clip", ev, causes,
+                        actions)]
+    if any(k in found for k in ("slow_progress", "loss_not_falling", "loss_plateau")):
+        return None  # the progress finding weighs the clipping evidence among its causes
+    # AdamW divides each update by the RMS of recent gradients: a steady clip factor cancels out
+    ev.append("AdamW normalises the update by the running RMS of the gradient, so a gradient scaled down by a steady "
+              "factor gives the same update; the loss is falling as it should")
+    causes = [cause(f"large gradients relative to train.clip_grad = {g(clip)}; harmless while the loss falls",
+                    "medium"),
+              cause("clip_grad too small: only matters when the clip factor swings (variation above 0.5) and the "
+                    "loss falls slowly", "low")]
+    return [Finding("always_clipped", "info", "note: gradients clipped at almost every step (by a steady factor)", ev,
+                    causes, [f"--set train.clip_grad={med:.2g} (about the typical norm) to see the raw norms; not "
+                             f"needed while the loss falls"])]
+
+
+def rule_memory_growth(run, found, limit):
+    """Memory that keeps growing over the run: a leak (host RSS on CPU, device memory on accelerators)."""
+    resume = max((e["step"] for e in run.events if e.get("event") == "resume"), default=None)
+    mems = [p for p in steady(run, "mem_gib") if resume is None or p[0] > resume]
+    if len(mems) < 6:
+        return None
+    third = len(mems) // 3
+    a, b = statistics.median(v for _, v in mems[:third]), statistics.median(v for _, v in mems[-third:])
+    ups = sum(y >= x for (_, x), (_, y) in zip(mems, mems[1:])) / (len(mems) - 1)
+    if b - a < max(MEM_GROWTH_ABS, MEM_GROWTH_REL * a) or ups < MEM_RISING or mems[-1][1] <= mems[-third][1]:
+        return None
+    (s0, v0), (s1, v1) = mems[0], mems[-1]
+    rate = (v1 - v0) / max(1, s1 - s0)
+    ev = [f"mem_gib {g(v0)} at step {s0} → {g(v1)} at step {s1} (+{1024 * (v1 - v0):.0f} MiB, "
+          f"{1024 * 100 * rate:.1f} MiB per 100 steps); it rose in {100 * ups:.0f}% of the intervals"]
+    if limit and rate > 0:
+        reach = s1 + (limit - v1) / rate
+        ev.append(f"at this rate the {limit:.1f} GiB limit is reached around step {reach:,.0f}"
+                  + (f" (the run has {run.max_steps:,})" if run.max_steps else ""))
+    cpu = ((run.info.get("device") or {}).get("target") or run.cfg("context.device_target")) == "CPU"
+    causes = [cause("a leak: something keeps a reference per step (a hook or callback appending tensors, batches or "
+                    "metrics to a list; a cache without a bound)", "high"),
+              cause("recompilation: graphs compiled again for changing shapes or Python values, each kept in memory",
+                    "medium"),
+              cause("the memory pool growing by fragmentation" + ("" if cpu else " (device memory)"), "low")]
+    actions = ["compare a run with the monitors off (--set monitor.tensor_stats=null --set monitor.nan_check=false): "
+               "if the growth stops, a monitor or hook holds the references",
+               "python -X tracemalloc, or tracemalloc snapshots in a hook, to see which line allocates"
+               + ("" if cpu else "; MindSpore's memory profiler (monitor.profile) for device memory"),
+               f"--set checkpoint.save_interval={max(50, (run.max_steps or 1000) // 10)} (a crash at the limit then "
+               f"loses little)"]
+    return [Finding("memory_growth", "warning", f"memory keeps growing: +{1024 * (v1 - v0):.0f} MiB over "
+                    f"{s1 - s0} steps", ev, causes, actions, [s0, s1])]
 
 
 # --- 11. stats.jsonl -----------------------------------------------------------------------------------
 
-FLAG_TEXT = {
-    "vanishing": ("vanishing gradients/activations", ["too small init or post-norm without residual scaling",
-                                                      "dead activations (zero_frac high)", "LR far too low"],
-                  ["check model.init_std and the layers named", "--set monitor.tensor_stats.every=50 to follow them"]),
-    "exploding": ("exploding gradients/activations", ["LR too high", "no clipping", "float16 range"],
-                  ["--set train.clip_grad=1.0", "lower train.lr", "--set train.anomaly=true to skip spikes"]),
-    "dtype_mismatch": ("dtype mismatch", ["a parameter, gradient or optimizer state in an unexpected dtype "
-                                          "(float16 master weights lose small updates)"],
-                       ["keep master weights and optimizer states float32; check precision.compute_dtype casts"]),
-    "grad_scale_mismatch": ("gradient scale mismatch", ["the loss is not divided by the accumulation steps "
-                                                        "(gradient norm = accumulation x the mean loss's)",
-                                                        "a custom loss that is not the mean over tokens"],
-                            ["divide the loss by train.global_batch_size / (micro_batch_size x data_parallel)",
-                             "compare with a run at accumulation 1"]),
-}
+def vanishing_text(run, names, recs):
+    """(symptom, causes, actions) for vanishing-gradient flags, from the gradient records of the flagged parameters:
+    exact zeros confined to one block are a dead branch; tiny but non-zero gradients are a scale problem."""
+    grads = [r for r in run.stats if r.get("kind") == "gradient" and r.get("name") in names]
+    exact = bool(grads) and all((r.get("zero_frac") or 0) >= 0.999 or (r.get("norm") or 0) == 0 for r in grads
+                                if r.get("step", 0) >= min(x.get("step", 0) for x in recs) - 1)
+    blocks = sorted({".".join(n.split(".")[:3]) if n.startswith("layers.") else n.split(".")[0] for n in names})
+    rd = quoted(run.path)
+    dump = (f"ms-llm debug dump --run-dir {rd} --output {rd}/dumps/now, then read the per-module outputs of "
+            f"{blocks[0]}: an activation output that is all zeros is a dead activation, a non-zero activation with a "
+            f"zero block output is an output multiplied by zero")
+    if exact and len(blocks) <= 2:
+        causes = [cause(f"a dead branch in {', '.join(blocks)}: its gradients are exactly zero while the rest of the "
+                        f"model trains — an activation that is always 0 (dead ReLU-style units: every pre-activation "
+                        f"below zero) or an output multiplied by zero", "high"),
+                  cause("a weight or gate initialised to zero, or frozen by a mask", "medium"),
+                  cause("LR far too low", "low")]
+        actions = [dump, "check that block's activation (a shift or bias that pushes it below zero, ReLU after a "
+                         "large negative init) and any scale/gate on its output",
+                   "--set monitor.tensor_stats.every=50 (watch whether it revives)"]
+        return f"dead branch: zero gradients in {', '.join(blocks)}", causes, actions
+    causes = [cause("too small init or post-norm without residual scaling: gradients shrink layer by layer",
+                    "medium"),
+              cause("dead activations (zero_frac high in the gradient records)", "medium" if exact else "low"),
+              cause("LR far too low", "low")]
+    return (f"vanishing gradients/activations in {len(names)} layer(s): {', '.join(names[:5])}"
+            + (" ..." if len(names) > 5 else ""), causes,
+            [f"check model.init_std = {g(run.cfg('model.init_std'))} and the layers named", dump,
+             "--set monitor.tensor_stats.every=50 to follow them"])
+
+
+def dtype_text(run, names, recs):
+    detail = recs[0].get("detail", "")
+    low = "float16" in detail.lower() or "bfloat16" in detail.lower()
+    causes = [cause("the optimizer's state was created in another dtype than the float32 master weights "
+                    + ("(a half-precision Adam moment: small second moments underflow to 0 and the steps blow up; "
+                       "small first moments lose their updates)" if low else ""), "high"),
+              cause("a parameter cast to the compute dtype after the optimizer was built (master weights not float32)",
+                    "medium")]
+    actions = ["build AdamW from the float32 master weights and keep its moments float32 (ms_llm.train.optimizer "
+               "clones them from the parameters; look for a patched or custom optimizer, or a cast of the parameters)",
+               "ms-llm debug dump and compare with a run without the change, layer by layer"]
+    return f"dtype mismatch between master weights and optimizer state in {len(names)} parameter(s)", causes, actions
+
+
+def exploding_text(run, names, recs):
+    clip = run.cfg("train.clip_grad", 0)
+    causes = [cause(f"LR too high (train.lr = {g(run.cfg('train.lr'))})", "medium"),
+              cause("no gradient clipping (train.clip_grad = 0)", "high" if not clip else "low"),
+              cause("float16 range", "medium" if run.cfg("precision.compute_dtype") == "float16" else "low")]
+    causes.sort(key=lambda c: 0 if c.endswith("[confidence: high]") else 1)
+    return ("exploding gradients/activations", causes,
+            ["--set train.clip_grad=1.0" if not clip else lr_actions(run)[0], "--set train.anomaly=true to skip spikes"])
+
+
+def scale_text(run, names, recs):
+    accum = run.accumulation
+    says = any("accumulation" in str(r.get("detail", "")) for r in recs)
+    causes = [cause(f"the loss is not divided by the accumulation steps ({accum}): gradient norm = accumulation x "
+                    f"the mean loss's", "high" if says else "medium"),
+              cause("a custom loss that is not the mean over tokens", "low" if says else "medium")]
+    return "gradient scale mismatch", causes, [
+        "divide the loss by train.global_batch_size / (micro_batch_size x data_parallel)",
+        f"compare with a run at accumulation 1: --set train.global_batch_size="
+        f"{run.cfg('train.global_batch_size', accum) // max(1, accum)}"]
+
+
+FLAGS = {"vanishing": vanishing_text, "exploding": exploding_text, "dtype_mismatch": dtype_text,
+         "grad_scale_mismatch": scale_text}
 
 
 def rule_stats(run, found, _):
     out = []
-    for flag, (what, causes, actions) in FLAG_TEXT.items():
+    for flag, text in FLAGS.items():
         recs = [r for r in run.stats if r.get("kind") == "flag" and r.get("flag") == flag]
         if recs:
             names = sorted({r.get("name", "?") for r in recs})
             ev = [f"{r.get('name')} at step {r.get('step')}: {r.get('detail', '')}".rstrip(": ") for r in recs[:10]]
-            out.append(Finding(f"stats_{flag}", "warning", f"{what} in {len(names)} layer(s): "
-                               f"{', '.join(names[:5])}" + (" ..." if len(names) > 5 else ""), ev, causes,
-                               actions, sorted({r.get("step") for r in recs if isinstance(r.get("step"), int)})[:10]))
+            symptom, causes, actions = text(run, names, recs)
+            out.append(Finding(f"stats_{flag}", "warning", symptom, ev, causes, actions,
+                               sorted({r.get("step") for r in recs if isinstance(r.get("step"), int)})[:10]))
     bad = [r for r in run.stats if r.get("kind") != "flag" and finite(r.get("nonfinite")) and r["nonfinite"] > 0]
     if bad:
         first = min(bad, key=lambda r: r.get("step", 0))
         out.append(Finding("stats_nonfinite", "error", f"non-finite values first in {first.get('name')} "
                            f"({first.get('kind')}) at step {first.get('step')}",
                            [f"{r.get('name')} ({r.get('kind')}) step {r.get('step')}: {g(r['nonfinite'])} non-finite"
-                            for r in bad[:10]], ["the first layer listed is where NaN/Inf enter"],
+                            for r in bad[:10]],
+                           [cause("the first layer listed is where NaN/Inf enter", "high")],
                            [f"ms-llm debug nan --run-dir {quoted(run.path)}"], [first.get("step")]))
     return out
 
@@ -217,24 +386,27 @@ def rule_events(run, found, _):
         out.append(Finding("preemptions", "info", f"{len(stops)} stop(s): preemption or train.stop_at_step",
                            [f"step {e['step']}: {e['event']}" + (f" (signal {e.get('signal')})" if e.get("signal")
                                                                  else "") for e in stops],
-                           ["a SIGTERM/SIGINT from the scheduler, or a planned time-boxed stop"],
+                           [cause("a SIGTERM/SIGINT from the scheduler, or a planned time-boxed stop", "high")],
                            ["resume with --resume (or checkpoint.auto_resume: true)"], [e["step"] for e in stops]))
     guard = [e for e in run.events if e.get("event") in ("anomaly_skip", "rollback")]
     if guard:
         out.append(Finding("anomalies", "warning", f"the anomaly guard acted {len(guard)} time(s)",
                            [f"step {e['step']}: {e['event']}" + (f" ({e.get('reason')})" if e.get("reason") else "")
                             for e in guard[:10]],
-                           ["non-finite or spiking losses the guard skipped or rolled back (see the reasons)"],
+                           [cause("non-finite or spiking losses the guard skipped or rolled back (see the reasons)",
+                                  "high")],
                            [f"ms-llm debug nan --run-dir {quoted(run.path)}",
                             "inspect the batches at those steps"], [e["step"] for e in guard]))
     if not run.final:
         last = run.steps_done
         out.append(Finding("unfinished", "info", f"no final summary: still running, or crashed after step {last}",
                            [f"run_info.json has no 'final'; last logged step {last} of {run.max_steps}"],
-                           ["the process is still running", "a crash or kill -9 (look at logs/)"],
+                           [cause("the process is still running, or a crash or kill -9 (look at logs/)",
+                                  "medium")],
                            ["resume with --resume once you know why it stopped"], [last]))
     if run.bad_lines:
         out.append(Finding("unreadable_lines", "info", f"{run.bad_lines} unreadable line(s) in metrics/stats",
-                           ["a truncated last line is normal after a crash"], ["the process was killed mid-write"],
+                           ["a truncated last line is normal after a crash"],
+                           [cause("the process was killed mid-write", "medium")],
                            ["nothing to do unless many lines are affected"]))
     return out

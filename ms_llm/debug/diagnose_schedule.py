@@ -1,0 +1,157 @@
+"""Schedule and optimizer settings read from the config the run used (`ms-llm diagnose`): a warmup longer than
+the run, a decay that ends long before or after max_steps, min_lr above lr, a weight decay that shrinks the
+weights faster than they learn, beta2 or eps far from common practice, a global batch so small that gradient
+noise dominates.
+
+Each setting is a *suspect* with the effect it would have on the curve: "slow" (smaller updates than the LR
+says), "unstable" (larger or noisier updates). A suspect is reported as a finding only when the curve shows that
+effect (a progress finding for "slow"; divergence, NaN or spikes for "unstable"), and is then also
+the first cause of that finding; otherwise it is a note.
+"""
+import math
+from dataclasses import dataclass
+
+from ms_llm.debug.diagnose_causes import grad_rms, lr_reached
+from ms_llm.debug.diagnose_common import Finding, cause, g
+
+WARMUP_SHARE = 0.5          # warmup over half the run (the guide: 1-3% of the steps)
+DECAY_EARLY, DECAY_LATE = 0.5, 1.5   # decay ending before 50% or after 150% of max_steps
+MIN_LR_LOW = 0.2            # a decay that ends early matters when min_lr is below 20% of lr
+WD_MAX, WD_STEP_SHARE = 1.0, 0.1  # weight decay above 1 (outside practice); strong when wd x init_std >= 0.1
+BETA2_RANGE = (0.9, 0.9999)
+EPS_MAX, EPS_RMS_SHARE = 1e-5, 0.1  # eps above 1e-5 and above 10% of the RMS gradient shrinks Adam's steps
+MIN_BATCH_TOKENS = 128      # tokens per optimizer step below this: gradient noise dominates
+
+SLOW, UNSTABLE = "slow", "unstable"
+SLOW_FINDINGS = ("slow_progress", "loss_not_falling", "loss_plateau")
+UNSTABLE_FINDINGS = ("divergence", "loss_nonfinite", "loss_spikes")
+
+
+@dataclass
+class Suspect:
+    id: str
+    effect: str      # SLOW or UNSTABLE
+    setting: str     # what the config says, with the numbers
+    cause: str       # the cause sentence used in a symptom finding
+    action: str
+    strong: bool     # the numbers make the effect large (high confidence when the curve shows it)
+
+
+def suspects(run):
+    t = lambda k, d=None: run.cfg(f"train.{k}", d)  # noqa: E731
+    lr, min_lr, warm, n = t("lr", 1e-3), t("min_lr", 0.0), t("warmup_steps", 0), t("max_steps") or 0
+    decay, kind = t("decay_steps"), t("lr_schedule", "cosine")
+    out = []
+    reached = lr_reached(run)
+    if n and warm > WARMUP_SHARE * n:
+        peak = reached[0] if reached else None
+        got = (f"; the largest LR logged was {g(peak[1])} at step {peak[0]} ({100 * peak[1] / lr:.0f}% of train.lr)"
+               if peak and lr else "")
+        out.append(Suspect("warmup", SLOW, f"train.warmup_steps = {warm} "
+                           + (f"is longer than the run (train.max_steps = {n})" if warm >= n else
+                              f"is {100 * warm / n:.0f}% of the run (train.max_steps = {n}); the usual is 1-3%") + got,
+                           f"warmup longer than the run: the LR never reached its peak (train.warmup_steps = {warm}, "
+                           f"train.max_steps = {n})" if warm >= n else
+                           f"warmup takes {100 * warm / n:.0f}% of the run (train.warmup_steps = {warm})",
+                           f"--set train.warmup_steps={max(1, round(0.02 * n))} (2% of the run)",
+                           strong=warm >= n or (peak is not None and peak[1] < 0.5 * lr)))
+    if n and kind != "constant" and decay and decay < DECAY_EARLY * n and min_lr < MIN_LR_LOW * lr:
+        out.append(Suspect("decay_early", SLOW, f"train.decay_steps = {decay}: the LR reached train.min_lr = "
+                           f"{g(min_lr)} at step {decay} and stayed there for the last {100 * (n - decay) / n:.0f}% "
+                           f"of the run (train.max_steps = {n})",
+                           f"the LR decay ended at step {decay} of {n}: the run trained at train.min_lr = "
+                           f"{g(min_lr)} since", "--set train.decay_steps=null (decay until train.max_steps)",
+                           strong=n - decay > 0.5 * n))
+    if n and kind != "constant" and decay and decay > DECAY_LATE * n:
+        from ms_llm.train.lr_schedule import lr_at
+
+        end = lr_at(n - 1, _Train(run))
+        out.append(Suspect("decay_late", UNSTABLE, f"train.decay_steps = {decay} is {decay / n:.1f}x "
+                           f"train.max_steps = {n}: the run ends with the LR at {g(end)} ({100 * end / lr:.0f}% of "
+                           f"its peak), before the decay anneals it", f"the LR decay ends long after the run (step "
+                           f"{decay} of {n}): the LR stays high to the end", "--set train.decay_steps=null",
+                           strong=end > 0.5 * lr))
+    if min_lr > lr:
+        out.append(Suspect("min_lr", UNSTABLE, f"train.min_lr = {g(min_lr)} is above train.lr = {g(lr)}: the "
+                           f"'decay' raises the LR", f"train.min_lr = {g(min_lr)} above train.lr = {g(lr)}: the "
+                           f"schedule raises the LR over the run", f"--set train.min_lr={g(lr / 10)}", strong=True))
+    wd, std = t("weight_decay", 0.0), run.cfg("model.init_std", 0.02)
+    if wd > WD_MAX:
+        # AdamW moves a weight by about lr per step; decay takes lr x wd x |w| from it. At wd x |w| near 1 the decay
+        # cancels what the gradients add (|w| ~ init_std early in training).
+        ratio = wd * std
+        out.append(Suspect("weight_decay", SLOW, f"train.weight_decay = {g(wd)} (the usual is 0-0.1): each step "
+                           f"takes lr x wd = {g(lr * wd)} of every weight (half-life {math.log(2) / max(lr * wd, 1e-12):,.0f}"
+                           f" steps at the peak LR); for a weight of the init size {g(std)} that is {ratio:.2g} of an "
+                           f"Adam step (about lr)", f"weight decay pulls the weights to zero about as fast as the "
+                           f"gradients move them (train.weight_decay = {g(wd)}: wd x init_std = {ratio:.2g})",
+                           "--set train.weight_decay=0.1", strong=ratio >= WD_STEP_SHARE))
+    b1, b2 = t("beta1", 0.9), t("beta2", 0.999)
+    if b2 < BETA2_RANGE[0] or b2 <= b1:
+        out.append(Suspect("beta2", UNSTABLE, f"train.beta2 = {g(b2)} (beta1 = {g(b1)}): Adam's second moment "
+                           f"averages only ~{1 / max(1 - b2, 1e-9):.0f} steps, so the step size jumps with each "
+                           f"gradient; the usual is 0.95-0.999", f"Adam's beta2 = {g(b2)} is too small: noisy step "
+                           f"sizes", "--set train.beta2=0.95", strong=b2 < 0.8 or b2 <= b1))
+    elif b2 > BETA2_RANGE[1]:
+        out.append(Suspect("beta2", UNSTABLE, f"train.beta2 = {g(b2)}: Adam's second moment averages "
+                           f"~{1 / (1 - b2):,.0f} steps, so it lags behind growing gradients (steps too large when "
+                           f"they grow); the usual is 0.95-0.999", f"Adam's beta2 = {g(b2)} adapts too slowly",
+                           "--set train.beta2=0.95", strong=b2 > 0.99999))
+    eps, rms = t("eps", 1e-8), grad_rms(run)
+    if eps > EPS_MAX and (rms is None or eps > EPS_RMS_SHARE * rms):
+        factor = rms / (rms + eps) if rms else None
+        out.append(Suspect("eps", SLOW, f"train.eps = {g(eps)} (the usual is 1e-8)"
+                           + (f"; the RMS gradient per parameter is about {rms:.2g} (median grad norm / "
+                              f"sqrt(parameters)), so Adam's steps are about {factor:.2g}x their size"
+                              if factor else ""),
+                           f"Adam's eps = {g(eps)} dominates sqrt(v): the updates shrink"
+                           + (f" to about {factor:.2g}x" if factor else ""), "--set train.eps=1e-8",
+                           strong=factor is not None and factor < 0.5))
+    tokens = (run.cfg("train.global_batch_size") or 0) * (run.cfg("model.seq_length") or 0)
+    if 0 < tokens < MIN_BATCH_TOKENS:
+        out.append(Suspect("batch", UNSTABLE, f"global batch {run.cfg('train.global_batch_size')} x seq_length "
+                           f"{run.cfg('model.seq_length')} = {tokens} tokens per step: gradient noise dominates "
+                           f"each update", f"a global batch of {tokens} tokens per step: gradient noise dominates",
+                           f"--set train.global_batch_size={4 * run.cfg('train.global_batch_size')} (and the LR "
+                           f"by up to 2x)", strong=tokens < MIN_BATCH_TOKENS // 2))
+    return out
+
+
+class _Train:
+    """Enough of TrainConfig for lr_at, from the run's config dict."""
+
+    def __init__(self, run):
+        for k in ("lr", "min_lr", "warmup_steps", "lr_schedule", "decay_steps", "max_steps"):
+            setattr(self, k, run.cfg(f"train.{k}"))
+        self.min_lr = self.min_lr or 0.0
+        self.warmup_steps = self.warmup_steps or 0
+
+
+def mattered(s, found):
+    """The finding that shows this suspect's effect on the curve, or None."""
+    ids = SLOW_FINDINGS if s.effect == SLOW else UNSTABLE_FINDINGS
+    return next((found[i] for i in ids if i in found), None)
+
+
+def causes_for(run, effect):
+    """(cause sentences with confidence, actions) of the suspects with this effect: for the symptom rules."""
+    out = [s for s in suspects(run) if s.effect == effect]
+    out.sort(key=lambda s: not s.strong)
+    return ([cause(s.cause, "high" if s.strong else "medium") for s in out], [s.action for s in out],
+            [s.setting for s in out])
+
+
+def rule_schedule(run, found, _):
+    """Run after the curve rules: each suspect is a finding when the curve shows its effect, else a note."""
+    out = []
+    for s in suspects(run):
+        shown = mattered(s, found)
+        if shown is not None:
+            out.append(Finding(f"config_{s.id}", "warning", f"config: {s.cause}",
+                               [s.setting, f"the curve shows the effect: {shown.symptom} ({shown.id})"],
+                               [cause(f"{s.cause}", "high" if s.strong else "medium")], [s.action], shown.steps))
+        else:
+            out.append(Finding(f"config_{s.id}", "info", f"config note: {s.setting}",
+                               [s.setting, f"the curve does not show a {s.effect} effect, so this is a note"],
+                               [cause(s.cause, "low")], [s.action]))
+    return out
