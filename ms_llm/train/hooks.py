@@ -43,5 +43,9 @@ class Hook:
 
 
 def call(hooks, method, *args):
+    """Call `method` on every hook that has it (a hook need not subclass Hook: the monitor's profiler window,
+    which may not import ms_llm.train, implements only what it uses)."""
     for h in hooks:
-        getattr(h, method)(*args)
+        fn = getattr(h, method, None)
+        if fn is not None:
+            fn(*args)
