@@ -296,6 +296,9 @@ def test_always_clipped_with_accumulation_4_mentions_accumulation(tmp_path):
     assert any("global_batch_size=12" in a for a in f.actions)
     plain = finding(write_run(tmp_path / "noaccum", recs), "always_clipped")
     assert not any("accumulation without" in c for c in plain.causes)
+    # without accumulation, a steady clip factor on a falling loss is a note: AdamW's normalisation cancels it
+    assert plain.severity == "info" and any("AdamW" in e for e in plain.evidence)
+    assert main(["diagnose", str(tmp_path / "noaccum")]) == 0
 
 
 # --- 11. stats.jsonl -----------------------------------------------------------------------------------
@@ -382,3 +385,311 @@ def test_shell_exit_codes(tmp_path):
     assert proc.returncode == 1 and "[warning]" in proc.stdout, proc.stdout + proc.stderr
     proc = subprocess.run(cmd + [str(tmp_path / "nope")], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+# --- 3. progress against references ---------------------------------------------------------------------
+
+def slow_curve(lr_low=True, steps=2000, interval=50):
+    """Loss falling steadily but slowly from ln(66): what an LR 100x too low gives (smooth, little noise)."""
+    rng, out = random.Random(3), []
+    for step in range(interval, steps + 1, interval):
+        out.append({"step": step, "loss": math.log(VOCAB) - 0.25 * step / steps + rng.gauss(0, 0.002), "lr": 1e-5,
+                    "grad_norm": 3.0 + rng.gauss(0, 0.05), "loss_scale": 65536.0, "skipped_interval": 0,
+                    "skipped": 0, "tokens_per_s": 15000.0, "mfu": 0.4, "mem_gib": 0.8, "data_wait_frac": 0.01})
+    return out
+
+
+def test_lr_too_low_is_named_before_clipping(tmp_path):
+    """The issue's first case: a loss that barely moves while every gradient is clipped. The old rule blamed
+    clip_grad; with AdamW a steady clip factor cancels out, and the smooth slow fall says the LR is too low."""
+    run = write_run(tmp_path / "low", slow_curve(), ["train.lr=1e-5", "train.min_lr=1e-6"])
+    found = {f.id: f for f in diagnose(run)[1]}
+    f = found["slow_progress"]
+    assert "learning rate too low" in f.causes[0] and f.confidence == "high", f.causes
+    assert "unigram entropy 3.31" in f.symptom
+    assert found["always_clipped"].severity == "info" if "always_clipped" in found else True
+    assert not any("clip_grad too small" in c for c in f.causes)
+    assert sum(a.startswith("LR experiment") for a in f.actions) == 2
+    # with tensor statistics, a small update ratio is the evidence
+    stats = [{"step": s, "kind": "update_ratio", "name": f"layers.{i}.mlp.up.weight", "value": 2e-4}
+             for s in (500, 1000) for i in range(2)]
+    f = finding(write_run(tmp_path / "low_stats", slow_curve(), ["train.lr=1e-5", "train.min_lr=1e-6"],
+                          stats=stats), "slow_progress")
+    assert any("at most 0.0002 per step" in e for e in f.evidence) and "update ratio 0.0002" in f.causes[0]
+
+
+def test_a_plateau_at_the_unigram_entropy_means_the_context_is_ignored(tmp_path):
+    """The issue's third case: an early drop, then flat at 3.33: the first-vs-last rule saw a falling loss."""
+    rng, recs = random.Random(4), train_only(healthy())
+    for r in recs:
+        r["loss"] = max(UNIGRAM + 0.02, math.log(VOCAB) - r["step"] / 300) + rng.gauss(0, 0.01)
+    run = write_run(tmp_path / "ctx", recs)
+    f = finding(run, "loss_plateau")
+    assert f.severity == "error" and "context-free level" in f.symptom
+    assert "ignore the context" in f.causes[0] and f.confidence == "high"
+    assert any("ms-llm debug overfit" in a for a in f.actions)
+    # unreachable dataset: no unigram reference, and a loss that fell 20% is not called stuck
+    assert "loss_plateau" not in ids(write_run(tmp_path / "nodata", recs, unigram=None))
+
+
+def test_progress_rules_stay_quiet_on_healthy_runs_of_every_length(tmp_path):
+    for steps, interval in ((200, 10), (300, 10), (600, 20), (2000, 50)):
+        recs = healthy(steps=steps, interval=interval, eval_interval=steps // 4)
+        run = write_run(tmp_path / f"h{steps}", recs, [f"train.max_steps={steps}", f"train.log_interval={interval}",
+                                                       f"train.eval_interval={steps // 4}", "train.warmup_steps=10"])
+        assert diagnose(run)[1] == [], steps
+
+
+def test_weight_decay_is_a_note_until_the_curve_shows_it(tmp_path):
+    run = write_run(tmp_path / "wd_ok", healthy(), ["train.weight_decay=5"])
+    f = finding(run, "config_weight_decay")
+    assert f.severity == "info" and main(["diagnose", run]) == 0
+    flat = train_only(healthy())
+    for r in flat:
+        r["loss"] = max(3.6, math.log(VOCAB) - r["step"] / 400) + 0.01 * math.sin(r["step"])
+    run = write_run(tmp_path / "wd_bad", flat, ["train.weight_decay=30"])
+    found = {x.id: x for x in diagnose(run)[1]}
+    assert found["config_weight_decay"].severity == "warning"
+    assert "weight decay" in found["loss_plateau"].causes[0] and found["loss_plateau"].confidence == "high"
+
+
+def test_warmup_longer_than_the_run_is_the_first_cause_of_slow_progress(tmp_path):
+    recs = slow_curve()
+    for r in recs:
+        r["lr"] = 1e-3 * r["step"] / 10000
+    run = write_run(tmp_path / "warm", recs, ["train.warmup_steps=10000"])
+    f = finding(run, "slow_progress")
+    assert "warmup longer than the run" in f.causes[0] and f.confidence == "high"
+    assert "2% of train.lr" in " ".join(f.evidence) or "20% of train.lr" in " ".join(f.evidence)
+    assert f.actions[0] == "--set train.warmup_steps=40 (2% of the run)"
+
+
+# --- siblings -------------------------------------------------------------------------------------------
+
+def test_a_run_behind_its_siblings_is_found_and_seed_noise_is_not(tmp_path):
+    base = ["train.warmup_steps=10"]
+    for seed in range(3):
+        write_run(tmp_path / f"s{seed}", healthy(seed=seed), base + [f"train.seed={seed}"])
+    behind = healthy(seed=7)
+    for r in behind:
+        for k in ("loss", "val_loss"):
+            if k in r:
+                r[k] += 0.02 + 0.2 * r["step"] / 2000
+    run = write_run(tmp_path / "changed", behind, base + ["train.seed=7"], info={"git_revision": "def456"})
+    f = finding(run, "behind_siblings")
+    assert "3 sibling run(s)" in f.evidence[0] and "git_revision: def456 here, abc123 in s0" in f.evidence
+    assert "code changed" in f.causes[0] and f.confidence == "high"
+    assert any("ms-llm compare-curves" in a for a in f.actions)
+    for seed in range(3):  # seeds of one config are each other's noise band
+        assert diagnose(str(tmp_path / f"s{seed}"))[1] == [], seed
+    other = write_run(tmp_path / "other_lr", behind, base + ["train.lr=3e-4"])  # another config: no sibling
+    assert "behind_siblings" not in ids(other)
+
+
+# --- generalisation -------------------------------------------------------------------------------------
+
+def overfit_curve():
+    """The issue's second case: train 2.5 → 1.05 while validation rises 2.24 → 2.76 over the last 400 steps."""
+    out = []
+    for r in healthy():
+        if "loss" in r:
+            r["loss"] = 1.05 + 1.45 * math.exp(-r["step"] / 600)
+        else:
+            s = r["step"]
+            r["val_loss"] = {500: 2.3, 1000: 2.24, 1500: 2.5, 2000: 2.76}[s]
+        out.append(r)
+    for s in (1250, 1750):  # more evaluations
+        out.append({"step": s, "val_loss": 2.3 if s == 1250 else 2.62, "val_tokens": 1000})
+    return sorted(out, key=lambda r: (r["step"], "val_loss" in r))
+
+
+def test_validation_rising_while_training_falls_is_overfitting(tmp_path):
+    run = write_run(tmp_path / "overfit", overfit_curve(), samples=3000)
+    f = finding(run, "overfitting")
+    assert f.steps == [1000, 2000] and "since step 1000" in f.symptom
+    assert any("epochs (passes over the 3,000 training samples): 4.0 by the best evaluation, 8.0" in e
+               for e in f.evidence), f.evidence
+    assert "memorises the training set" in f.causes[0] and f.confidence == "high"
+    assert "--set train.max_steps=1000 (where validation was best)" in " ".join(f.actions)
+    assert "--set model.dropout=0.1" in f.actions
+    # less than one epoch: memorising cannot be the cause
+    g = finding(write_run(tmp_path / "early", overfit_curve(), samples=10 ** 6), "overfitting")
+    assert "validation data unlike the training data" in g.causes[0]
+
+
+def test_a_widening_gap_while_validation_stalls(tmp_path):
+    recs = healthy(eval_interval=250)
+    for r in recs:
+        if "loss" in r:
+            r["loss"] = 1.2 + 2.6 * math.exp(-r["step"] / 800)
+        else:  # validation stops improving at 2.3 from step 750 while the training loss keeps falling
+            r["val_loss"] = max(2.3, 1.25 + 2.6 * math.exp(-r["step"] / 800))
+    f = finding(write_run(tmp_path / "gap", recs, ["train.eval_interval=250"]), "generalisation_gap")
+    assert "widening" in f.symptom and f.severity == "warning"
+
+
+# --- system: contention, profiling, temperature, memory, logs, speedup -----------------------------------
+
+def timed(recs, t0=1.8e9, step_s=0.05):
+    for r in recs:
+        r["time"] = t0 + r["step"] * step_s
+        if "loss" in r:
+            r["ms_per_step"], r["eta_s"] = 1000 * step_s, 0.0
+    return recs
+
+
+def write_telemetry(run, samples):
+    with open(os.path.join(run, "telemetry.jsonl"), "w") as f:
+        f.writelines(json.dumps(s) + "\n" for s in samples)
+
+
+def saw_toothed():
+    recs = timed(healthy())
+    for i, r in enumerate(train_only(recs)):
+        r["tokens_per_s"] = 15000 if i % 2 else 6000
+    return recs
+
+
+def test_uneven_throughput_on_a_loaded_host_is_a_note_naming_host_contention(tmp_path):
+    run = write_run(tmp_path / "busy", saw_toothed())
+    write_telemetry(run, [{"time": 1.8e9 + t, "load1": 5.5, "cpu_util_pct": 100.0} for t in range(0, 101, 30)])
+    f = finding(run, "host_contention")
+    assert f.severity == "info" and "host contention" in f.causes[0] and f.confidence == "high"
+    assert any("load average up to 5.5 on 2 cores" in e for e in f.evidence)
+    assert main(["diagnose", run]) == 0
+    idle = write_run(tmp_path / "idle", saw_toothed())  # the same stalls on an idle host: a finding
+    write_telemetry(idle, [{"time": 1.8e9 + t, "load1": 1.1, "cpu_util_pct": 60.0} for t in range(0, 101, 30)])
+    g = finding(idle, "throughput_uneven")
+    assert g.severity == "warning" and "stall inside the run" in g.causes[0]
+    assert any("not other processes" in e for e in g.evidence)
+
+
+def test_the_profiled_window_is_not_uneven_throughput(tmp_path):
+    recs = timed(healthy())
+    for r in train_only(recs):
+        if 500 < r["step"] <= 1000:
+            r["tokens_per_s"] = 3000  # the profiler slows its window
+    recs += [{"step": 500, "event": "profile_start", "until_step": 1000},
+             {"step": 1000, "event": "profile_stop", "steps": 500}]
+    assert ids(write_run(tmp_path / "prof", sorted(recs, key=lambda r: r["step"]))) == set()
+    assert "throughput_uneven" in ids(write_run(tmp_path / "noprof", [r for r in recs if "event" not in r]))
+
+
+def test_hot_devices_and_throttling_that_coincides_with_slow_steps(tmp_path):
+    recs = saw_toothed()
+    run = write_run(tmp_path / "hot", recs, info={"device": {"target": "Ascend", "cpu_count": 192}})
+    slow = {r["step"] for r in train_only(recs)[1::2]}  # 6,000 tokens/s
+    samples = [{"time": r["time"] - 1, "load1": 10, "devices": [{"id": 0, "temp_c": 96 if r["step"] not in slow
+                                                                 else 78, "power_w": 300}]}
+               for r in train_only(recs)]
+    write_telemetry(run, samples)
+    f = finding(run, "device_temperature")
+    assert "throttling coincides with slow steps" in f.symptom and "96 C" in f.symptom
+    assert "cooling" in f.causes[0]
+
+
+def test_growing_memory_is_a_leak_and_a_resume_restarts_the_count(tmp_path):
+    recs = healthy()
+    for r in train_only(recs):
+        r["mem_gib"] = 0.8 + 0.0005 * r["step"]
+    f = finding(write_run(tmp_path / "leak", recs), "memory_growth")
+    assert "a leak" in f.causes[0] and any("MiB per 100 steps" in e for e in f.evidence)
+    flat = healthy()
+    for r in train_only(flat):
+        r["mem_gib"] = 0.8 + (0.3 if r["step"] > 1000 else 0.0)  # a resumed process is a new process
+    flat.append({"step": 1000, "event": "resume", "from": 1000})
+    assert "memory_growth" not in ids(write_run(tmp_path / "resumed", sorted(flat, key=lambda r: r["step"])))
+
+
+# MindSpore's and CANN's own error texts (MindSpore 2.10 on CPU; the Ascend kernel-select message of MindSpore's
+# FAQ; CANN error codes EZ3003/EZ3002 and an out-of-memory line)
+LOGS = {
+    "cpu": "RuntimeError: \n- Kernel select failed:\nUnsupported op [FlashAttentionScore] on CPU, Please confirm "
+           "whether the device target setting is correct, or refer to 'mindspore.ops' at https://www.mindspore.cn "
+           "to query the operator support list.\n",
+    "ascend": "TypeError: mindspore/ccsrc/runtime/device/ascend/kernel_select_ascend.cc:788 PrintNotMatchMessage] "
+              "Can not select a valid kernel info for [Default/Pow-op0] in AI CORE or AI CPU kernel info "
+              "candidates list:\n",
+    "cann": "[ERROR] GE(1234,python):2026-01-01-10:00:00 EZ3003: No supported Ops kernel and engine are found for "
+            "[MyCustomOp1], optype [MyCustomOp].\n",
+    "oom": "RuntimeError: Out of Memory!!! total[65011712000] (dynamic[0] memory pool[64424509440]) peak[61203283968]"
+           "\n",
+}
+
+
+@pytest.mark.parametrize("kind, op", [("cpu", "FlashAttentionScore"), ("ascend", "Default/Pow-op0"),
+                                      ("cann", "MyCustomOp")])
+def test_unsupported_operators_are_read_from_the_logs(tmp_path, kind, op):
+    run = write_run(tmp_path / "op", healthy()[:3], final=False)
+    os.makedirs(os.path.join(run, "logs"))
+    with open(os.path.join(run, "logs", "rank_0.log"), "w") as f:
+        f.write("compiled the training step in 2.5 s\n" + LOGS[kind])
+    f = finding(run, "unsupported_op")
+    assert f.severity == "error" and op in f.symptom
+    assert any("op/logs/rank_0.log:" in e and op in e for e in f.evidence), f.evidence
+    if kind == "cpu":
+        assert "Ascend-only operator" in f.causes[0] and f.confidence == "high"
+
+
+def test_a_run_that_died_before_its_first_record_is_diagnosed_from_its_worker_logs(tmp_path, capsys):
+    run = tmp_path / "died"
+    run.mkdir()
+    (run / "config.yaml").write_text("model:\n  arch: gpt2\n")
+    assert main(["diagnose", str(run)]) == 2  # nothing to go on
+    capsys.readouterr()
+    logs = tmp_path / "msrun_logs"
+    logs.mkdir()
+    (logs / "worker_0.log").write_text(LOGS["oom"])
+    assert main(["diagnose", str(run), "--logs", str(logs), "--json"]) == 1
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert [f["id"] for f in out["findings"]] == ["out_of_memory"]
+    assert out["findings"][0]["confidence"] == "high"
+    assert any("recompute" in a for a in out["findings"][0]["actions"])
+    (tmp_path / "died_logs").mkdir()  # msrun's log folder next to the run, as the README names it
+    (tmp_path / "died_logs" / "worker_1.log").write_text(LOGS["cpu"])
+    assert "unsupported_op" in {f.id for f in diagnose(str(run))[1]}
+
+
+def test_poor_speedup_against_a_single_rank_sibling(tmp_path):
+    one = healthy()
+    write_run(tmp_path / "one", one, info={"device": {"target": "Ascend"}, "parallel": {"world_size": 1}})
+    eight = healthy()
+    for r in train_only(eight):
+        r["tokens_per_s"] = 15000 * 8 * 0.45
+    run = write_run(tmp_path / "eight", eight, info={"device": {"target": "Ascend"}, "parallel": {"world_size": 8}})
+    f = finding(run, "poor_speedup")
+    assert "45% efficiency" in f.symptom and "one" in f.evidence[0]
+    cpu = write_run(tmp_path / "cpu8", eight, info={"parallel": {"world_size": 8}})  # ranks share the host's cores
+    assert "poor_speedup" not in ids(cpu)
+
+
+def test_unigram_entropy_is_counted_from_the_dataset_when_the_manifest_lacks_it(dataset, tmp_path, monkeypatch):
+    import shutil
+
+    from ms_llm.debug.diagnose_refs import unigram_entropy
+
+    monkeypatch.setenv("MS_LLM_CACHE", str(tmp_path / "cache"))
+    copy = tmp_path / "ds"
+    shutil.copytree(dataset, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    stats = manifest.pop("stats", None)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    run = write_run(tmp_path / "r", healthy(), [f"data.dataset_dir={copy}"])
+    from ms_llm.debug.runs import load_run
+
+    h = unigram_entropy(load_run(run))
+    assert h is not None and h.source.startswith("counted from") and 2.5 < h.nats < 4.0
+    if stats:
+        assert abs(h.nats - stats["train"]["unigram_entropy_nats"]) < 0.02  # preprocessing's own count
+    assert unigram_entropy(load_run(run)).nats == h.nats  # the second time from the cache
+    assert list((tmp_path / "cache" / "diagnose").iterdir())
+
+
+def test_json_findings_carry_the_confidence_of_the_first_cause(tmp_path, capsys):
+    recs = healthy()
+    for r in train_only(recs):
+        r["data_wait_frac"] = 0.4
+    main(["diagnose", write_run(tmp_path / "j", recs), "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["findings"][0]["confidence"] in ("high", "medium", "low")
+    assert all(c.endswith("]") and "[confidence: " in c for c in out["findings"][0]["causes"])

@@ -28,19 +28,26 @@ from ms_llm.debug.runs import load_run
 from ms_llm.errors import UserError
 
 
-def diagnose(run_dir, device_memory=None):
+def diagnose(run_dir, device_memory=None, logs=None):
     """(run, findings) for the run in `run_dir`; findings sorted errors first. Bad input is a UserError. A run
-    that died before its first log interval is still diagnosed when its logs name the error (an unsupported
-    operator, out of memory)."""
+    that died before its first log interval is still diagnosed when its logs (also `logs`, e.g. msrun's
+    --log_dir) name the error (an unsupported operator, out of memory)."""
+    if logs is not None and not os.path.isdir(logs):
+        raise UserError(f"--logs '{logs}' is not a directory. Pass the folder holding the run's worker logs (msrun's "
+                        f"--log_dir).")
     try:
         run = load_run(run_dir)
     except UserError:
-        if not os.path.isdir(run_dir) or not any(scan_logs(load_run(run_dir, need_metrics=False)).values()):
+        if not os.path.isdir(run_dir):
             raise
         run = load_run(run_dir, need_metrics=False)
+        run.extra_logs = logs
+        if not any(scan_logs(run, logs).values()):
+            raise
         return run, sorted(rule_logs(run, {}, None), key=lambda f: SEVERITY_ORDER[f.severity])
+    run.extra_logs = logs
     if not run.train and not run.evals:
-        if any(scan_logs(run).values()):
+        if any(scan_logs(run, logs).values()):
             return run, sorted(rule_logs(run, {}, None), key=lambda f: SEVERITY_ORDER[f.severity])
         raise UserError(f"'{run_dir}/metrics.jsonl' holds no training records ({run.bad_lines} unreadable line(s)). "
                         f"The run stopped before its first log interval (train.log_interval = "

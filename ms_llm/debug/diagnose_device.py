@@ -127,21 +127,29 @@ OOM = [
     re.compile(r"Memory not enough:.*"),
     re.compile(r"Allocate (?:continuous )?memory failed.*", re.I),
     re.compile(r"EL0004:.*"),
-    re.compile(r"\bMemoryError\b.*"),
-    re.compile(r"out of memory.*", re.I),
+    re.compile(r"^\s*MemoryError\b.*|Error: .*\bout of memory\b.*", re.I),
 ]
 
 
-def log_files(run):
-    """The run's logs: logs/*.log (console, per-rank and msrun worker logs) and *.log at its top level."""
-    files = sorted(glob.glob(os.path.join(run.path, "logs", "*.log")) + glob.glob(os.path.join(run.path, "*.log")))
-    return [f for f in files if os.path.isfile(f)]
+def log_dirs(run, extra=None):
+    """Where a run's logs are: <run>/logs (console and per-rank logs), <run> itself, msrun's --log_dir when it is
+    <run>_logs (the README's convention; msrun cannot write into the run directory, which must start empty), and
+    `extra` (ms-llm diagnose --logs DIR)."""
+    dirs = [os.path.join(run.path, "logs"), run.path, os.path.normpath(run.path) + "_logs"]
+    return dirs + ([extra] if extra else [])
 
 
-def scan_logs(run):
+def log_files(run, extra=None):
+    files = []
+    for d in log_dirs(run, extra):
+        files += sorted(glob.glob(os.path.join(d, "*.log")))
+    return [f for f in dict.fromkeys(files) if os.path.isfile(f)]
+
+
+def scan_logs(run, extra=None):
     """{"unsupported": [(file, line no, op, device, text)], "oom": [(file, line no, text)]} over the run's logs."""
     hits = {"unsupported": [], "oom": []}
-    for path in log_files(run):
+    for path in log_files(run, extra):
         try:
             with open(path, "rb") as f:
                 size = f.seek(0, os.SEEK_END)
@@ -149,7 +157,7 @@ def scan_logs(run):
                 text = f.read().decode("utf-8", "replace")
         except OSError:
             continue
-        name = os.path.relpath(path, run.path)
+        name = os.path.relpath(path, os.path.dirname(os.path.normpath(run.path)))
         for no, line in enumerate(text.splitlines(), 1):
             for pat, _ in UNSUPPORTED:
                 m = pat.search(line)
@@ -167,9 +175,8 @@ def scan_logs(run):
 
 
 def rule_logs(run, found, _):
-    hits = scan_logs(run)
+    hits = scan_logs(run, getattr(run, "extra_logs", None))
     out = []
-    target = run.cfg("context.device_target") or (run.info.get("device") or {}).get("target")
     if hits["unsupported"]:
         ops = sorted({h[2] for h in hits["unsupported"]})
         devs = sorted({h[3] for h in hits["unsupported"] if h[3]})
@@ -177,7 +184,9 @@ def rule_logs(run, found, _):
         wrong_target = any(d in ("CPU", "GPU") for d in devs) and any(
             k in op for op in ops for k in ("FlashAttention", "PromptFlash", "IncreFlash", "Rope", "RmsNorm",
                                             "MatmulAllReduce", "GroupedMatmul"))
-        ev.append(f"context.device_target = {target}")
+        used = (run.info.get("device") or {}).get("target")
+        ev.append(f"context.device_target = {run.cfg('context.device_target')}"
+                  + (f" (this run: {used})" if used and used != run.cfg("context.device_target") else ""))
         causes = []
         if wrong_target:
             causes.append(cause(f"an Ascend-only operator ({', '.join(ops)}) on {', '.join(devs)}: the device target "

@@ -245,7 +245,8 @@ def rule_spikes(run, found, _):
     causes += [c for c in sched if not c.endswith("[confidence: high]")]
     if run.cfg("precision.compute_dtype") == "float16":
         causes.append(cause("float16 precision loss in attention logits or norms", "low"))
-    actions = sched_actions + [f"inspect the batches of steps {steps_text([s for s, *_ in spikes])} (data position = step x "
+    where = steps_text([s for s, *_ in spikes])
+    actions = sched_actions + [f"inspect the batches of steps {where} (data position = step x "
                f"global_batch_size samples)", "--set train.beta2=0.95", lr_actions(run)[0],
                "--set train.clip_grad=1.0" if not run.cfg("train.clip_grad") else "--set monitor.tensor_stats.every=50"]
     return [Finding("loss_spikes", "warning", f"{len(spikes)} loss spike(s) at steps "

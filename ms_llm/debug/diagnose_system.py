@@ -284,13 +284,23 @@ def rule_memory_growth(run, found, limit):
 
 # --- 11. stats.jsonl -----------------------------------------------------------------------------------
 
+def branch(name):
+    """The residual branch a parameter belongs to: layers.1.mlp.up.weight and layers.1.mlp_norm.weight are both
+    layers.1.mlp; layers.0.attention.qkv.weight and layers.0.attn_norm.weight are layers.0.attention."""
+    parts = name.split(".")
+    if parts[0] != "layers" or len(parts) < 3:
+        return parts[0]
+    part = {"attn_norm": "attention", "mlp_norm": "mlp"}.get(parts[2], parts[2])
+    return f"layers.{parts[1]}.{part}"
+
+
 def vanishing_text(run, names, recs):
     """(symptom, causes, actions) for vanishing-gradient flags, from the gradient records of the flagged parameters:
     exact zeros confined to one block are a dead branch; tiny but non-zero gradients are a scale problem."""
     grads = [r for r in run.stats if r.get("kind") == "gradient" and r.get("name") in names]
     exact = bool(grads) and all((r.get("zero_frac") or 0) >= 0.999 or (r.get("norm") or 0) == 0 for r in grads
                                 if r.get("step", 0) >= min(x.get("step", 0) for x in recs) - 1)
-    blocks = sorted({".".join(n.split(".")[:3]) if n.startswith("layers.") else n.split(".")[0] for n in names})
+    blocks = sorted({branch(n) for n in names})
     rd = quoted(run.path)
     dump = (f"ms-llm debug dump --run-dir {rd} --output {rd}/dumps/now, then read the per-module outputs of "
             f"{blocks[0]}: an activation output that is all zeros is a dead activation, a non-zero activation with a "
@@ -336,7 +346,8 @@ def exploding_text(run, names, recs):
               cause("float16 range", "medium" if run.cfg("precision.compute_dtype") == "float16" else "low")]
     causes.sort(key=lambda c: 0 if c.endswith("[confidence: high]") else 1)
     return ("exploding gradients/activations", causes,
-            ["--set train.clip_grad=1.0" if not clip else lr_actions(run)[0], "--set train.anomaly=true to skip spikes"])
+            ["--set train.clip_grad=1.0" if not clip else lr_actions(run)[0],
+             "--set train.anomaly=true to skip spikes"])
 
 
 def scale_text(run, names, recs):
