@@ -2,6 +2,7 @@
 import json
 import os
 
+import pytest
 import yaml
 
 from conftest import ROOT, ms_llm, tiny_train_args
@@ -16,7 +17,8 @@ def assert_clean_refusal(proc, *words):
 
 def test_train_writes_a_complete_run_directory_and_samples(dataset, tmp_path):
     run = tmp_path / "run"
-    proc = ms_llm(*tiny_train_args(dataset, run, "--set", "train.max_steps=40", "--set", "train.eval_interval=20"))
+    proc = ms_llm(*tiny_train_args(dataset, run, "--set", "train.max_steps=40", "--set", "train.eval_interval=20",
+                                   "--set", "monitor.tensorboard=true", "--set", "monitor.telemetry_interval_s=0.5"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert cfg["train"]["max_steps"] == 40 and cfg["train"]["eval_interval"] == 20  # --set is reflected
@@ -35,6 +37,22 @@ def test_train_writes_a_complete_run_directory_and_samples(dataset, tmp_path):
     assert any(f.startswith("events.out.events.summary") for f in os.listdir(run / "summary"))
     assert (run / "checkpoints" / "rank_0" / "step_00000040.ckpt").is_file()
     assert (run / "checkpoints" / "rank_0" / "latest").read_text() == "step_00000040"
+    # time in every record, ETA on every line, the console in logs/, the report and telemetry beside them
+    assert all(r["time"] > 1.7e9 and r["elapsed_s"] >= 0 and "eta_s" in r for r in train)
+    assert all(" ms/step | ETA " in l for l in proc.stdout.splitlines() if "| loss " in l)
+    assert (run / "logs" / "train.log").read_text() == (run / "logs" / "rank_0.log").read_text()
+    assert "done: 40 steps" in (run / "logs" / "train.log").read_text()
+    assert "<html" in (run / "report.html").read_text(encoding="utf-8")[:500].lower()
+    telemetry = [json.loads(l) for l in (run / "telemetry.jsonl").read_text().splitlines()]
+    assert telemetry and all("time" in t for t in telemetry)
+    # TensorBoard's own loader reads back the scalars metrics.jsonl holds
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={SCALARS: 0})
+    acc.Reload()
+    for tag in ("loss", "grad_norm", "lr", "tokens_per_s", "mfu", "mem_gib"):
+        assert {e.step: pytest.approx(e.value, rel=1e-6) for e in acc.Scalars(tag)} == {r["step"]: r[tag] for r in train}
+    assert [e.step for e in acc.Scalars("val_loss")] == [20, 40]
 
     out = ms_llm("sample", "--run-dir", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "40")
     assert out.returncode == 0, out.stderr[-2000:]
@@ -131,7 +149,8 @@ def test_compile_cache_reuses_only_identical_graphs(dataset, tmp_path):
 
     def losses(name):
         records = map(json.loads, (tmp_path / name / "metrics.jsonl").read_text().splitlines())
-        return [(r["step"], r.get("loss"), r.get("val_loss")) for r in records if r["step"] in (10, 20)]
+        return [(r["step"], r.get("loss"), r.get("val_loss")) for r in records
+                if r["step"] in (10, 20) and "event" not in r]
 
     a, b = losses("a"), losses("b")
     assert [x for x in a if x[1]] == [x for x in b if x[1]]  # the cached graph computes what the fresh one did
