@@ -8,12 +8,7 @@ import os
 import sys
 import time
 
-
-def format_duration(s):
-    s = int(max(0, s))
-    if s >= 3600:
-        return f"{s // 3600}h{s // 60 % 60:02d}m"
-    return f"{s // 60}m{s % 60:02d}s"
+from ms_llm.monitor.metrics import format_duration
 
 
 class RunLog:
