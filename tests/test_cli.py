@@ -167,6 +167,10 @@ def test_profile_window_prints_top_operators(dataset, tmp_path):
     assert any((run / "profile" / "rank_0").iterdir())
     top = json.loads((run / "run_info.json").read_text())["final"]["profile_top_ops"]
     assert len(top) == 10 and top[0]["ms_per_step"] >= top[-1]["ms_per_step"] > 0
+    # the window is marked in the metrics, so its slower steps are not read as an anomaly
+    events = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"event"' in l]
+    window = [(e["event"], e["step"]) for e in events if e["event"].startswith("profile_")]
+    assert window == [("profile_start", 4), ("profile_stop", 8)]
 
 
 def test_doctor_checks_the_machine_and_smoke_trains(tmp_path):
