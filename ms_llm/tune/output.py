@@ -72,12 +72,17 @@ def write_best_config(spec, best, path):
     from ms_llm.config import load_config, to_dict
     from ms_llm.tune.space import point_overrides
 
-    cfg = load_config(spec.config, spec.overrides + point_overrides(best["values"]))
+    base, overrides, note = spec.config, spec.overrides, ""
+    if not os.path.isfile(base):  # --collect from another folder than the sweep ran in (a relative --config)
+        base, overrides = os.path.join(best["run_dir"], "config.yaml"), []
+        note = (f"# ({spec.config} is not reachable from here: this is the best trial's own config, with the "
+                f"sweep's train.max_steps = {spec.steps})\n")
+    cfg = load_config(base, overrides + point_overrides(best["values"]))
     value = f"{best['metric']:.4f}" if isinstance(best.get("metric"), (int, float)) else "?"
     head = [f"# Best trial of the sweep in {os.path.dirname(os.path.abspath(path))} ({best['name']}):",
             f"#   {spec.metric} {value} after {spec.steps} steps; trial directory {best['run_dir']}",
-            f"# = {spec.config}" + "".join(f" --set {o}" for o in spec.overrides + point_overrides(best["values"])),
+            f"# = {base}" + "".join(f" --set {o}" for o in overrides + point_overrides(best["values"])),
             f"# Train with: ms-llm train --config {path}", ""]
-    text = "\n".join(head) + yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
+    text = "\n".join(head) + note + yaml.safe_dump(to_dict(cfg), sort_keys=False, default_flow_style=None)
     atomic_write_bytes(path, text.encode("utf-8"))
     return path

@@ -82,7 +82,7 @@ def summary_html(doc, page):
                            "wall", "status", "run directory"]
     out = [f'<p class="note">config {page.esc(spec["config"])}'
            + "".join(f" --set {page.esc(o)}" for o in spec["overrides"] + spec.get("fixed", []))
-           + f'; varied: {page.esc(", ".join(f"{k} = {[show(v) for v in vs]}" for k, vs in spec["vary"].items()))}'
+           + f'; varied: {page.esc("; ".join(f"{k} = " + ", ".join(show(v) for v in vs) for k, vs in spec["vary"].items()))}'
            + f'; state: {page.esc(doc["state"])}</p>',
            page.table(head, rows, numeric=tuple(range(len(keys) + 1, len(keys) + 4)))]
     best = doc.get("best")

@@ -84,32 +84,37 @@ class Runner:
 
     # -- the pool -----------------------------------------------------------------------------------------------
 
+    def __enter__(self):
+        """SIGINT/SIGTERM handled for the whole sweep (between trials too), see on_signal."""
+        self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+        return False
+
     def pool(self, todo):
         pending, running, free = list(todo), {}, list(range(len(self.slots)))
-        previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            while pending or running:
-                if self.interrupted:
-                    for r in running.values():
-                        self.signal(r, times=min(self.interrupted, 2))
-                    pending = []
-                while pending and free:
-                    t = pending.pop(0)
-                    slot = free.pop(0)
-                    running[slot] = self.start(t, slot)
-                time.sleep(POLL_S)
-                for slot, r in list(running.items()):
-                    code = r.proc.poll()
-                    if code is None:
-                        if not self.interrupted:
-                            self.watch(r)
-                        continue
-                    del running[slot]
-                    free.append(slot)
-                    self.finish(r, code)
-        finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
+        while pending or running:
+            if self.interrupted:
+                for r in running.values():
+                    self.signal(r, times=min(self.interrupted, 2))
+                pending = []
+            while pending and free:
+                t = pending.pop(0)
+                slot = free.pop(0)
+                running[slot] = self.start(t, slot)
+            time.sleep(POLL_S if running else 0)
+            for slot, r in list(running.items()):
+                code = r.proc.poll()
+                if code is None:
+                    if not self.interrupted:
+                        self.watch(r)
+                    continue
+                del running[slot]
+                free.append(slot)
+                self.finish(r, code)
         if self.interrupted:
             raise SweepInterrupted()
 

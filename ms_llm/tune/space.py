@@ -69,6 +69,9 @@ def build_spec(config, overrides, vary_args, strategy, steps, metric, rounds, ha
             raise UserError(f"--vary {key} is given twice. Give each key once, with all its values: "
                             f"--vary {key}=V1,V2,...")
         vary[key] = values
+    if "train.max_steps" in vary:
+        raise UserError("--vary train.max_steps: the trial length is the sweep's --steps (early stopping and successive "
+                        "halving read the trials at fractions of it). Run one sweep per length instead.")
     for key in vary:
         if any(o.partition("=")[0].strip() == key for o in overrides):
             raise UserError(f"{key} is both varied (--vary) and fixed (--set). Remove one: the golden value of a "

@@ -99,7 +99,8 @@ def run_sweep(spec, sweep_dir, parallel, echo=print, argv=None):
     echo(f"sweep: {spec.strategy} over {', '.join(spec.vary)}, {spec.steps} steps per trial, metric {spec.metric}, "
          f"{parallel} at a time; directory {sweep_dir}")
     try:
-        best, order = STRATEGIES[spec.strategy](spec, runner.run_points, echo)
+        with runner:
+            best, order = STRATEGIES[spec.strategy](spec, runner.run_points, echo)
     except SweepInterrupted:
         records = ranked(list(runner.records.values()))
         output.write_sweep_json(path, output.sweep_document(spec, "interrupted", records, [], None, warnings, None))
