@@ -24,7 +24,7 @@ from ms_llm.debug.diagnose_schedule import SLOW, causes_for
 SLOW_MIN_STEPS = 200     # a loss still above the unigram entropy this late (and past 2x warmup) is slow
 UNIGRAM_BAND = 0.04      # flat within 4% of the unigram entropy: the context-free level
 NOISY_REL = 0.03         # noise around the late trend above 3% of the loss: a bouncing loss
-SIB_ABS, SIB_REL, SIB_SPREAD = 0.05, 0.04, 3.0  # behind siblings by max(0.05, 4%, 3x their spread)
+SIB_ABS, SIB_REL, SIB_SPREAD = 0.05, 0.05, 3.0  # behind siblings by max(0.05, 5%, 3x their spread)
 
 
 def rule_progress(run, found, _):
@@ -201,19 +201,20 @@ def rule_siblings(run, found, _):
     for s, v in late_window(pts, 1 / 3, 3):
         vals = [x for x in (loss_at(sib, s) for sib in sibs) if x is not None]
         if vals:
-            rows.append((s, v, statistics.median(vals), max(vals) - min(vals)))
+            rows.append((s, v, statistics.median(vals), spread_of(vals)))
     if len(rows) < 3:
         return None
     gap = statistics.median(v - m for _, v, m, _ in rows)
     ref = statistics.median(m for _, _, m, _ in rows)
-    spread = max(sp for *_, sp in rows)
+    spread = statistics.median(sp for *_, sp in rows)
     line = max(SIB_ABS, SIB_REL * ref, SIB_SPREAD * spread)
     if gap <= line:
         return None
     names = ", ".join(sib.name for sib in sibs[:5]) + (" ..." if len(sibs) > 5 else "")
     ev = [f"steps {rows[0][0]}-{rows[-1][0]}: loss {g(rows[-1][1])} at step {rows[-1][0]} vs {g(rows[-1][2])} for "
           f"{len(sibs)} sibling run(s) of the same config ({names}); {g(gap)} higher (median over {len(rows)} records; "
-          f"the siblings spread {g(spread)}, so more than {g(line)} is not seed noise)"]
+          f"the siblings spread {g(spread)} (median range or interquartile range), so more than {g(line)} is not seed "
+          f"noise)"]
     diffs = env_differences(run, sibs[0])
     ev += [f"{k}: {a} here, {b} in {sibs[0].name}" for k, a, b in diffs] or [
         f"run_info.json: same git revision, versions and device as {sibs[0].name}"]
@@ -237,6 +238,15 @@ def rule_siblings(run, found, _):
                f"(needs checkpoints of the same step: checkpoint.save_interval)"]
     return [Finding("behind_siblings", "warning", f"loss {g(gap)} above sibling runs of the same config at steps "
                     f"{rows[0][0]}-{rows[-1][0]}", ev, causes, actions, [rows[0][0], rows[-1][0]])]
+
+
+def spread_of(vals):
+    """How far sibling losses at one step lie apart: the range of up to 3, else the interquartile range (a folder
+    of debugging runs holds broken siblings too; the median and the IQR ignore a minority of them)."""
+    if len(vals) <= 3:
+        return max(vals) - min(vals)
+    q = statistics.quantiles(vals, n=4)
+    return q[2] - q[0]
 
 
 def env_differences(run, other):
