@@ -12,7 +12,7 @@ import shlex
 from ms_llm.debug.runs import find_runs, flatten, load_run
 from ms_llm.errors import UserError
 from ms_llm.tune import output, trial as tr
-from ms_llm.tune.results import ranked, trial_result
+from ms_llm.tune.results import trial_result
 from ms_llm.tune.space import Spec
 from ms_llm.tune.strategy import STRATEGIES, best_of
 

@@ -82,7 +82,8 @@ def summary_html(doc, page):
                            "wall", "status", "run directory"]
     out = [f'<p class="note">config {page.esc(spec["config"])}'
            + "".join(f" --set {page.esc(o)}" for o in spec["overrides"] + spec.get("fixed", []))
-           + f'; varied: {page.esc("; ".join(f"{k} = " + ", ".join(show(v) for v in vs) for k, vs in spec["vary"].items()))}'
+           + "; varied: " + page.esc("; ".join(f"{k} = " + ", ".join(show(v) for v in vs)
+                                               for k, vs in spec["vary"].items()))
            + f'; state: {page.esc(doc["state"])}</p>',
            page.table(head, rows, numeric=tuple(range(len(keys) + 1, len(keys) + 4)))]
     best = doc.get("best")
@@ -122,7 +123,8 @@ def write_lr_find_page(result, points, path):
             ["lowest smoothed loss at LR", result.get("min_lr")], ["blew up at LR", result.get("blowup_lr")],
             ["steps run", result.get("steps_run")], ["stopped because", result.get("stop_reason")],
             ["config", result.get("config")]]
-    sections = {"summary": page.table(["reading", "value"], rows) + f'<p class="note">{page.esc(result.get("rule", ""))}</p>',
+    rule = f'<p class="note">{page.esc(result.get("rule", ""))}</p>'
+    sections = {"summary": page.table(["reading", "value"], rows) + rule,
                 "curves": f'<div class="grid">{page.panel_html("lr_find", p["title"], wide=True)}</div>'}
     html = page.document("ms_llm lr-find", f"LR range test, {result.get('steps_run')} steps", sections,
                          {"x_label": "learning rate", "panels": [p], "events": builder.event_lines()})

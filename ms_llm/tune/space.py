@@ -70,8 +70,8 @@ def build_spec(config, overrides, vary_args, strategy, steps, metric, rounds, ha
                             f"--vary {key}=V1,V2,...")
         vary[key] = values
     if "train.max_steps" in vary:
-        raise UserError("--vary train.max_steps: the trial length is the sweep's --steps (early stopping and successive "
-                        "halving read the trials at fractions of it). Run one sweep per length instead.")
+        raise UserError("--vary train.max_steps: the trial length is the sweep's --steps (early stopping and "
+                        "successive halving read the trials at fractions of it). Run one sweep per length instead.")
     for key in vary:
         if any(o.partition("=")[0].strip() == key for o in overrides):
             raise UserError(f"{key} is both varied (--vary) and fixed (--set). Remove one: the golden value of a "

@@ -44,7 +44,8 @@ def open_sweep_dir(spec, sweep_dir, echo):
                             + "; ".join(f"{k} was {was.get(k)!r}, now {ident[k]!r}" for k in diff[:3])
                             + "). A sweep resumes only with the same config file (and content), --set and --steps; "
                               "choose a new --sweep-dir for a new sweep.")
-        changed = [k for k in ("vary", "strategy", "rounds", "halving", "metric") if getattr(old, k) != getattr(spec, k)]
+        changed = [k for k in ("vary", "strategy", "rounds", "halving", "metric")
+                   if getattr(old, k) != getattr(spec, k)]
         done = sum(1 for t in doc.get("trials") or [] if t.get("status") in ("finished", "stopped"))
         echo(f"resuming the sweep in {sweep_dir}: {done} trial(s) already done are not run again"
              + (f" (plan changed: {', '.join(changed)}; trials at the same values are reused)" if changed else ""))

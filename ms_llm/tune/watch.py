@@ -81,6 +81,6 @@ def behind(value, others):
     keep = max(1, -(-len(everyone) // ETA))  # the better 1/ETA continue
     best = everyone[0]
     if everyone.index(value) >= keep and value > best * (1 + MARGIN):
-        return (f"training loss {value:.4g} is {100 * (value / best - 1):.1f}% above the best trial's {best:.4g} at the "
-                f"same step, in the worse {ETA - 1}/{ETA} of the {len(everyone)} trials that got there")
+        return (f"training loss {value:.4g} is {100 * (value / best - 1):.1f}% above the best trial's {best:.4g} at "
+                f"the same step, in the worse {ETA - 1}/{ETA} of the {len(everyone)} trials that got there")
     return None
