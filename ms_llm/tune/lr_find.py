@@ -62,11 +62,10 @@ def lr_find(config, overrides, steps=200, start_lr=1e-7, end_lr=1.0, output_dir=
     output_dir = output_dir or default_output_dir(config)
     check_args(steps, start_lr, end_lr, output_dir)
     cfg = load_config(config, list(overrides) + range_test_overrides(steps))
-    import mindspore as ms
-
     from ms_llm.train.session import open_session
 
     s = open_session(cfg, echo, purpose="lr_find")
+    import mindspore as ms  # after the session: select_device quiets MindSpore's logging before its first import
     os.makedirs(output_dir, exist_ok=True)
     save_config(s.cfg, os.path.join(output_dir, "config.yaml"))
     state, points, stop_reason, t0 = s.step_fn.state, [], None, time.perf_counter()
