@@ -1,5 +1,4 @@
 import hashlib
-import json
 import os
 
 import numpy as np
@@ -11,7 +10,7 @@ from ms_llm.data.manifest import load_manifest
 from ms_llm.data.tokenizers import build_tokenizer
 from ms_llm.errors import UserError
 
-from conftest import SHAKESPEARE, ms_llm, tiny_train_args
+from conftest import SHAKESPEARE, ms_llm
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +54,7 @@ def checksums(directory):
             for n in sorted(os.listdir(directory)) if n != "manifest.json"}
 
 
-def test_adopt_existing_mindrecords_and_train_on_them(bpe, tmp_path):
+def test_adopt_existing_mindrecords_reads_them_in_order(bpe, tmp_path):
     d = str(tmp_path / "mf")
     data = write_mindformers_like(d, 600, 33, 600)
     before = checksums(d)
@@ -70,13 +69,8 @@ def test_adopt_existing_mindrecords_and_train_on_them(bpe, tmp_path):
     assert np.array_equal(np.concatenate([next(it).asnumpy() for _ in range(27)]), data[:540])
     val = eval_batches(d, m, 20, 100)
     assert np.array_equal(np.concatenate([v.asnumpy() for v in val]), data[540:])
-    # an adopted dataset trains (a tiny model, 20 steps)
-    r = ms_llm(*tiny_train_args(d, tmp_path / "run", "--set", "train.max_steps=20", "--set",
-                                "monitor.progress_bar=false"))
-    assert r.returncode == 0, r.stderr
-    assert "done: 20 steps" in r.stdout and "vocab 600" in r.stdout
-    val = [r["val_loss"] for r in map(json.loads, open(tmp_path / "run" / "metrics.jsonl")) if "val_loss" in r]
-    assert abs(val[-1] - np.log(600)) < 0.2  # uniform random tokens: nothing to learn beyond the unigram entropy
+    # training on an adopted dataset (20 steps, through `ms-llm train`) is
+    # tests/test_interop.py::test_converted_config_trains_20_steps_on_an_adopted_mindformers_mindrecord
 
 
 def test_adopt_refuses_what_would_not_train(bpe, tmp_path):

@@ -92,7 +92,7 @@ class Encoder:
                     lines.append("")
                 offset += len(raw) + 1
         texts, where = [], []
-        field = self.text_field
+        key = self.text_field
         for n, line in enumerate(lines):
             if not line.strip():
                 continue
@@ -101,9 +101,9 @@ class Encoder:
             except ValueError as e:
                 bad.append((chunk.first_line + n, None, f"is not valid JSON ({getattr(e, 'msg', e)})"))
                 continue
-            value = record.get(field) if isinstance(record, dict) else None
+            value = record.get(key) if isinstance(record, dict) else None
             if not isinstance(value, str):
-                bad.append((chunk.first_line + n, None, f"has no string field '{field}'"))
+                bad.append((chunk.first_line + n, None, f"has no string field '{key}'"))
                 continue
             if value:
                 texts.append(value)

@@ -277,13 +277,14 @@ def warm_up_mindrecord():
     """Import MindSpore's MindRecord writer in the background: it takes seconds, and the first shard is only
     written once the workers have tokenized something, so the import overlaps their start instead of stalling
     the pipeline in the middle."""
+    import importlib
     import sys
     import threading
 
     if "mindspore.mindrecord" not in sys.modules:
         def load():
             try:
-                import mindspore.mindrecord  # noqa: F401
+                importlib.import_module("mindspore.mindrecord")
             except Exception:  # the real import, later, reports it
                 pass
 

@@ -7,6 +7,7 @@ exactly; `<|endoftext|>` is the end-of-document token. Documents are streamed fr
 counts, not the corpus.
 """
 import os
+import sys
 
 from ms_llm.data.tokenizers import HF_HINT
 from ms_llm.errors import UserError
@@ -52,7 +53,7 @@ def train_tokenizer(inputs, vocab_size, output, text_field="text", min_frequency
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[EOD],
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=bool(getattr(__import__("sys").stderr, "isatty", lambda: False)()))
+                                  show_progress=sys.stderr.isatty())  # its own bar; nothing in a log file
     total = sum(os.path.getsize(f) for f in files)
     log(f"training a byte-level BPE tokenizer (vocab {vocab_size:,}) on {len(files)} file(s), {total / 1e6:,.1f} MB")
     tok.train_from_iterator(iter_documents(files, text_field, skip_bad), trainer)
