@@ -59,6 +59,8 @@ def edge_notes(spec, best):
         v = best["values"].get(key)
         if len(numeric) >= 3 and v in (min(numeric), max(numeric)):
             side = "largest" if v == max(numeric) else "smallest"
+            if side == "smallest" and v == 0:
+                continue  # weight decay, dropout, warmup: nothing lies below 0
             out.append(f"the best {key} = {show(v)} is the {side} value tried: the optimum may lie beyond it; extend "
                        f"the range on that side")
     return out
