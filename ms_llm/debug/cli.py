@@ -66,7 +66,7 @@ def step_batch(cfg, consumed):
     from ms_llm.data.loader import TrainBatches
     from ms_llm.data.manifest import load_manifest
 
-    manifest = load_manifest(cfg.data.dataset_dir)
+    manifest = load_manifest(cfg.data.dataset_dir, blend=cfg.data.blend)
     it = TrainBatches(cfg.data.dataset_dir, manifest, "train", cfg.train.global_batch_size, 1, 0, cfg.train.seed,
                       cfg.model.seq_length, consumed=consumed)
     return next(it).asnumpy()

@@ -27,7 +27,7 @@ def make_dump(run_dir, out_dir, step=None, overrides=(), batch_size=None, log=pr
     path, manifest = find_run_checkpoint(run_dir, step, log)
     step = manifest["step"]
     cfg, model, _ = load_run_model(run_dir, overrides=overrides, checkpoint=path)
-    data_manifest = load_manifest(cfg.data.dataset_dir)
+    data_manifest = load_manifest(cfg.data.dataset_dir, blend=cfg.data.blend)
     batch = eval_batches(cfg.data.dataset_dir, data_manifest, batch_size or cfg.train.micro_batch_size, 1,
                          seq_length=cfg.model.seq_length)[0]
     records = trace_forward(model, batch, keep=True)

@@ -13,7 +13,7 @@ def load_run(run_dir, checkpoint=None):
     from ms_llm.train.run_model import load_run_model
 
     cfg, model, _ = load_run_model(run_dir, checkpoint=checkpoint)
-    return cfg, from_spec(load_manifest(cfg.data.dataset_dir)["tokenizer"]), model
+    return cfg, from_spec(load_manifest(cfg.data.dataset_dir, blend=cfg.data.blend)["tokenizer"]), model
 
 
 def generate(model, ids, max_new_tokens, seq_length, temperature=0.8, top_k=200, seed=0, eod_id=None):

@@ -210,6 +210,8 @@ def apply_plan(model, plan, semi_auto, log):
 def prepare_dataset(cfg, rt, log):
     """Load the dataset manifest; preprocess `data.source` first (on rank 0) when the folder has none."""
     d = cfg.data
+    if d.blend:  # several preprocessed datasets mixed by weight (ms_llm.data.blend)
+        return load_manifest(d.dataset_dir, blend=d.blend)
     if not has_manifest(d.dataset_dir):
         if not d.source:
             load_manifest(d.dataset_dir)  # raises the 'run ms-llm preprocess' message
