@@ -39,8 +39,8 @@ def rule_progress(run, found, _):
     tr = trend(late_window(pts))
     last = pts[-1][0]
     ev = [f"loss {g(pts[0][1])} at step {pts[0][0]}, {g(late)} (median of the last 3 records) at step {last}; "
-          f"over steps {tr.first_step}-{tr.last_step} the fitted line falls {g(tr.drop)} with noise {g(tr.noise)} "
-          f"around it"]
+          f"over steps {tr.first_step}-{tr.last_step} the fitted line {'falls' if tr.drop >= 0 else 'rises'} "
+          f"{g(abs(tr.drop))} with noise {g(tr.noise)} around it"]
     if uniform:
         ev.append(f"references: ln(vocab_size = {run.cfg('model.vocab_size')}) = {g(uniform)} (a uniform guess)"
                   + (f"; unigram entropy of the training data = {g(h1.nats)} ({h1.source}): the loss of a model that "
@@ -173,10 +173,12 @@ def stalled_finding(run, pts, late, tr, h1, uniform, ev, fid):
                             "medium" if not sched else "low"))
     causes.append(cause("a fine-tuned model already at its plateau (checkpoint.load_weights) — then this is expected",
                         "medium" if run.cfg("checkpoint.load_weights") else "low"))
-    actions = sched_actions + [overfit_action(run)] + lr_experiment(run)
+    actions = sched_actions + [overfit_action(run)]
     if near_h1:
-        actions.insert(len(sched_actions) + 1, "decode one training batch and check targets == inputs shifted by one "
-                                               "token (ids[:, 1:] vs ids[:, :-1]), sample by sample")
+        actions.append("decode one training batch and check targets == inputs shifted by one token (ids[:, 1:] vs "
+                       "ids[:, :-1]), sample by sample")
+    if not causes[0].endswith("[confidence: high]"):  # an LR problem is still in the running
+        actions += lr_experiment(run)
     return Finding(fid, "error", symptom, ev, causes, actions, [pts[0][0], last])
 
 

@@ -77,8 +77,12 @@ def rule_uneven(run, found, _):
     stall = slow_wait > DATA_WAIT_FRAC
     if busy:
         ev.append(contention_text(busy))
+    elif any(True for _ in _telemetry_loads(run)) and not any("time" in r for r in run.train):
+        ev.append("telemetry has host loads, but the records carry no time to match them with (a run from before "
+                  "metrics.jsonl had a time field): host contention cannot be checked")
     elif any(True for _ in _telemetry_loads(run)):
-        ev.append("telemetry: the host load stayed within its cores: not other processes")
+        ev.append("telemetry: the host load stayed within 1.5x its cores while the steps were slow: not other "
+                  "processes")
     else:
         ev.append("no host load in telemetry.jsonl (monitor.telemetry_interval_s off?): host contention cannot be "
                   "checked")

@@ -34,7 +34,7 @@ def test_l_a_dead_relu_layer_is_a_dead_branch(dataset, tmp_path, monkeypatch):
 
     monkeypatch.setattr(gpt2, "build_gpt2", build)
     monkeypatch.setattr(mlp.GeluMLP, "construct", construct)
-    train(tiny_cfg(dataset, *sets("train.max_steps=20", "monitor.tensor_stats.every=5")), tmp_path / "run")
+    train(tiny_cfg(dataset, *sets("train.max_steps=15", "monitor.tensor_stats.every=5")), tmp_path / "run")
     f = first_cause(diagnose(tmp_path / "run"), "stats_vanishing", "dead branch in layers.1.mlp", "dead relu",
                     confidence="high")
     assert f.symptom == "dead branch: zero gradients in layers.1.mlp"
