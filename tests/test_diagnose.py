@@ -20,6 +20,12 @@ VOCAB = 66
 UNIGRAM = 3.31  # the unigram entropy of Tiny Shakespeare's characters, in nats
 
 
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    """diagnose remembers unigram entropies per dataset path: keep these tests' out of ~/.cache."""
+    monkeypatch.setenv("MS_LLM_CACHE", str(tmp_path / "cache"))
+
+
 def write_dataset(path, unigram=UNIGRAM, samples=15685):
     """A dataset folder as far as diagnose reads it: manifest.json with sample counts and the unigram entropy."""
     os.makedirs(path, exist_ok=True)
@@ -663,12 +669,11 @@ def test_poor_speedup_against_a_single_rank_sibling(tmp_path):
     assert "poor_speedup" not in ids(cpu)
 
 
-def test_unigram_entropy_is_counted_from_the_dataset_when_the_manifest_lacks_it(dataset, tmp_path, monkeypatch):
+def test_unigram_entropy_is_counted_from_the_dataset_when_the_manifest_lacks_it(dataset, tmp_path):
     import shutil
 
     from ms_llm.debug.diagnose_refs import unigram_entropy
 
-    monkeypatch.setenv("MS_LLM_CACHE", str(tmp_path / "cache"))
     copy = tmp_path / "ds"
     shutil.copytree(dataset, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
@@ -683,6 +688,9 @@ def test_unigram_entropy_is_counted_from_the_dataset_when_the_manifest_lacks_it(
         assert abs(h.nats - stats["train"]["unigram_entropy_nats"]) < 0.02  # preprocessing's own count
     assert unigram_entropy(load_run(run)).nats == h.nats  # the second time from the cache
     assert list((tmp_path / "cache" / "diagnose").iterdir())
+    shutil.rmtree(copy)  # the dataset moved away: the value seen before is still known, and says so
+    later = unigram_entropy(load_run(run))
+    assert later.nats == h.nats and "remembered from an earlier look at" in later.source
 
 
 def test_json_findings_carry_the_confidence_of_the_first_cause(tmp_path, capsys):

@@ -76,16 +76,18 @@ class Entropy:
 
 
 def unigram_entropy(run):
-    """The unigram entropy (nats/token) of the run's training data, or None when the dataset is not reachable."""
+    """The unigram entropy (nats/token) of the run's training data, or None when it cannot be known. Every value
+    found is also remembered under the dataset's path, so a run diagnosed after its dataset moved still has it."""
     m = manifest(run)
     if m is None:
-        return None
+        return remembered(run)
+    d = dataset_dir(run)
     stats = m.get("stats") or {}
     for split in ("train", "all"):
         h = (stats.get(split) or {}).get("unigram_entropy_nats")
         if finite(h) and h > 0:
+            remember(d, h, f"manifest.json ({split})")
             return Entropy(h, f"manifest.json ({split})")
-    d = dataset_dir(run)
     key = hashlib.sha1(repr((os.path.abspath(d), os.path.getmtime(os.path.join(d, "manifest.json")),
                              os.path.getsize(os.path.join(d, "manifest.json")))).encode()).hexdigest()[:16]
     path = cache_dir(f"unigram_{key}.json")
@@ -101,14 +103,45 @@ def unigram_entropy(run):
         return None
     if nats is None:
         return None
+    source = f"counted from {tokens:,} training tokens"
+    write_json(path, {"nats": nats, "tokens": tokens, "dataset": os.path.abspath(d)})
+    remember(d, nats, source)
+    return Entropy(nats, source)
+
+
+def _path_key(d):
+    return cache_dir(f"unigram_path_{hashlib.sha1(os.path.abspath(d).encode()).hexdigest()[:16]}.json")
+
+
+def remember(d, nats, source):
+    write_json(_path_key(d), {"nats": nats, "source": source, "dataset": os.path.abspath(d)})
+
+
+def remembered(run):
+    """The entropy last seen for the run's dataset path, when the dataset itself is not reachable."""
+    d = run.cfg("data.dataset_dir")
+    if not isinstance(d, str) or run.cfg("data.blend"):
+        return None
+    tries = [d] if os.path.isabs(d) else [d, os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(run.path))), d)]
+    for t in tries:
+        try:
+            with open(_path_key(t), encoding="utf-8") as f:
+                c = json.load(f)
+            return Entropy(c["nats"], f"{c['source']}, remembered from an earlier look at {c['dataset']}")
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def write_json(path, obj):
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump({"nats": nats, "tokens": tokens, "dataset": os.path.abspath(d)}, f)
+            json.dump(obj, f)
         os.replace(path + ".tmp", path)
     except OSError:
         pass
-    return Entropy(nats, f"counted from {tokens:,} training tokens")
 
 
 def count_unigram_entropy(d, m):
