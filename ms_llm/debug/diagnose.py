@@ -16,7 +16,7 @@ healthy runs produce no finding at all.
 """
 import os
 
-from ms_llm.debug.diagnose_common import SEVERITY_ORDER, memory_limit_gib
+from ms_llm.debug.diagnose_common import SEVERITY_ORDER, memo_clear, memory_limit_gib
 from ms_llm.debug.diagnose_device import rule_logs, rule_speedup, rule_temperature, scan_logs
 from ms_llm.debug.diagnose_generalisation import rule_generalisation
 from ms_llm.debug.diagnose_loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes
@@ -55,9 +55,13 @@ def diagnose(run_dir, device_memory=None, logs=None):
                         f"logs/ and the console output of 'ms-llm train' for the error.")
     limit = memory_limit_gib(device_memory, run)
     found = {}
-    for rule in RULES:
-        for f in rule(run, found, limit) or []:
-            found[f.id] = f
+    memo_clear()
+    try:
+        for rule in RULES:
+            for f in rule(run, found, limit) or []:
+                found[f.id] = f
+    finally:
+        memo_clear()
     return run, sorted(found.values(), key=lambda f: SEVERITY_ORDER[f.severity])
 
 

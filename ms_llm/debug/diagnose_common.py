@@ -71,12 +71,29 @@ def nonfinite(v):
     return isinstance(v, float) and not math.isfinite(v)
 
 
+# (id(records), len(records), what) -> (records, value), cleared by diagnose(): the rules ask for the same points
+# of a 100k-record run many times. The entry holds the records themselves, so their id cannot be reused meanwhile.
+_MEMO = {}
+
+
+def memo_clear():
+    _MEMO.clear()
+
+
+def _memo(records, what, compute):
+    k = (id(records), len(records), what)
+    if k not in _MEMO:
+        _MEMO[k] = (records, compute())
+    return _MEMO[k][1]
+
+
 def points(records, key):
-    return [(r["step"], r[key]) for r in records if finite(r.get(key))]
+    return _memo(records, key, lambda: [(r["step"], r[key]) for r in records if finite(r.get(key))])
 
 
 def first_nonfinite_step(run):
-    return next((r["step"] for r in run.train if nonfinite(r.get("loss"))), None)
+    return _memo(run.train, "first non-finite loss",
+                 lambda: next((r["step"] for r in run.train if nonfinite(r.get("loss"))), None))
 
 
 def curve(run):

@@ -82,12 +82,12 @@ def rule_temperature(run, found, _):
         return None
     hot = [(s, t) for s, t in temps if t >= HOT_C]
     slow = set(found["throughput_uneven"].steps) if "throughput_uneven" in found else set()
-    windows = record_windows(run)
     hot_slow = []
     if slow:
-        slow_t = [t for s in samples for st, a, b in windows if st in slow and a - 30 <= s["time"] <= b + 30
-                  for t in [max((d.get("temp_c") or 0) for d in s["devices"])]]
-        rest_t = [t for s, t in temps if not any(st in slow and a - 30 <= s["time"] <= b + 30 for st, a, b in windows)]
+        windows = [(a, b) for st, a, b in record_windows(run) if st in slow]  # at most 10 (the finding's steps)
+        near = [any(a - 30 <= s["time"] <= b + 30 for a, b in windows) for s, _ in temps]
+        slow_t = [t for (_, t), n in zip(temps, near) if n]
+        rest_t = [t for (_, t), n in zip(temps, near) if not n]
         if slow_t and rest_t and statistics.median(slow_t) - statistics.median(rest_t) >= THROTTLE_DELTA_C:
             hot_slow = [statistics.median(slow_t), statistics.median(rest_t)]
     sustained = len(hot) >= HOT_MIN and len(hot) >= HOT_SHARE * len(temps)
