@@ -53,9 +53,10 @@ def rule_progress(run, found, _):
         return None
     if uniform and late >= UNIFORM_FRAC * uniform:
         return [stalled_finding(run, pts, late, tr, h1, uniform, ev, "loss_not_falling")]
-    if h1 and above and last >= min(slow_gate, FLAT_MIN_STEPS * 2):
+    if h1 and above and last >= slow_gate:
         return [stalled_finding(run, pts, late, tr, h1, uniform, ev, "loss_plateau")]
-    if h1 and tr.flat and abs(late - h1.nats) <= UNIGRAM_BAND * h1.nats:
+    if h1 and tr.flat and abs(late - h1.nats) <= UNIGRAM_BAND * h1.nats and last >= slow_gate:
+        # (small models can pass through a short unigram phase early: only a plateau past the slow gate counts)
         return [stalled_finding(run, pts, late, tr, h1, uniform, ev, "loss_plateau")]
     if not h1 and pts[0][1] - late < FLAT_REL_DROP * pts[0][1]:
         return [stalled_finding(run, pts, late, tr, h1, uniform, ev, "loss_not_falling")]
