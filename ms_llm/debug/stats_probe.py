@@ -72,6 +72,9 @@ class StatsProbe(nn.Cell):
             grads = self.hyper_map(ops.add, grads, g)
             loss = loss + more
         grad_stats = ops.stack([tensor_stats(g) for g in grads])
-        moments = ops.stack([ops.stack([ops.sqrt(sum_of_squares(m)), ops.sqrt(sum_of_squares(v))])
+        # float32 whatever the states' dtype: a half-precision state is what the dtype_mismatch flag reports, so
+        # it must not stop the probe
+        moments = ops.stack([ops.stack([ops.sqrt(sum_of_squares(m.astype(ms.float32))),
+                                        ops.sqrt(sum_of_squares(v.astype(ms.float32)))])
                              for m, v in zip(self.exp_avg, self.exp_avg_sq)])
         return acts, grad_stats, moments, loss / self.accum
