@@ -8,7 +8,9 @@ from ms_llm.debug.diagnose_common import (CLIP_RATIO, CLIP_SHARE, DATA_WAIT_FRAC
 from ms_llm.debug.diagnose_device import contention_text, host_contention
 
 CONTENDED_SHARE = 0.75   # slow records that coincide with host load: host contention, a note
-MEM_GROWTH_ABS, MEM_GROWTH_REL, MEM_RISING = 0.05, 0.10, 0.7  # +50 MiB and +10%, rising in 70% of the intervals
+MEM_GROWTH_ABS, MEM_GROWTH_REL = 0.05, 0.10  # memory growing by 50 MiB and 10% (first third → last third) ...
+MEM_STEP_GIB, MEM_RISING = 0.5 / 1024, 0.5   # ... rising by > 0.5 MiB in half of the intervals ...
+MEM_ONE_JUMP, MEM_LATE = 0.5, 0.2            # ... no single interval holding half the growth, 20% of it in the last third
 
 # --- 6. throughput -------------------------------------------------------------------------------------
 
@@ -259,10 +261,15 @@ def rule_memory_growth(run, found, limit):
         return None
     third = len(mems) // 3
     a, b = statistics.median(v for _, v in mems[:third]), statistics.median(v for _, v in mems[-third:])
-    ups = sum(y >= x for (_, x), (_, y) in zip(mems, mems[1:])) / (len(mems) - 1)
-    if b - a < max(MEM_GROWTH_ABS, MEM_GROWTH_REL * a) or ups < MEM_RISING or mems[-1][1] <= mems[-third][1]:
-        return None
+    steps = [y - x for (_, x), (_, y) in zip(mems, mems[1:])]
+    ups = sum(d > MEM_STEP_GIB for d in steps) / len(steps)
     (s0, v0), (s1, v1) = mems[0], mems[-1]
+    total = v1 - v0
+    # a leak grows all along: not one jump (a graph compiled at the first evaluation or probe, a buffer allocated
+    # once), and still in the last third of the run
+    if (b - a < max(MEM_GROWTH_ABS, MEM_GROWTH_REL * a) or ups < MEM_RISING or max(steps) > MEM_ONE_JUMP * total
+            or v1 - mems[-third][1] < MEM_LATE * total):
+        return None
     rate = (v1 - v0) / max(1, s1 - s0)
     ev = [f"mem_gib {g(v0)} at step {s0} → {g(v1)} at step {s1} (+{1024 * (v1 - v0):.0f} MiB, "
           f"{1024 * 100 * rate:.1f} MiB per 100 steps); it rose in {100 * ups:.0f}% of the intervals"]
