@@ -336,6 +336,7 @@ def test_a_full_disk_during_a_checkpoint_write_ends_in_one_paragraph_and_keeps_e
     assert store.newest_valid(str(directory))[0] == 10
     steps = [json.loads(l)["step"] for l in open(out / "metrics.jsonl") if '"loss"' in l]
     assert max(steps) <= 21  # with async_save the failure stops training at the next step
+    assert "could not be written" in (out / "logs" / "rank_0.log").read_text()  # what ended the run stays in logs/
 
 
 def test_a_run_dir_under_a_regular_file_is_refused_in_one_paragraph(dataset, tmp_path):

@@ -25,6 +25,7 @@ def test_train_writes_a_complete_run_directory_and_samples(dataset, tmp_path):
     assert cfg["model"]["vocab_size"] is not None  # resolved from the dataset
     info = json.loads((run / "run_info.json").read_text())
     assert info["versions"]["mindspore"] and info["device"]["target"] == "CPU" and "final" in info
+    assert info["dataset"]["train_samples"] > 0  # the dataset's facts travel with the run (diagnose's references)
     records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
     train = [r for r in records if "loss" in r]
     evals = [r for r in records if "val_loss" in r]

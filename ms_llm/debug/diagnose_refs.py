@@ -79,7 +79,12 @@ def unigram_entropy(run):
     """The unigram entropy (nats/token) of the run's training data, or None when it cannot be known. Every value
     found is also remembered under the dataset's path, so a run diagnosed after its dataset moved still has it."""
     m = manifest(run)
-    if m is None:
+    if m is None:  # the dataset is not here: the statistics the trainer copied into run_info.json, if any
+        stats = (run.info.get("dataset") or {}).get("stats") or {}
+        for split in ("train", "all"):
+            h = (stats.get(split) or {}).get("unigram_entropy_nats")
+            if finite(h) and h > 0:
+                return Entropy(h, f"run_info.json (the dataset's {split} statistics)")
         return remembered(run)
     d = dataset_dir(run)
     stats = m.get("stats") or {}

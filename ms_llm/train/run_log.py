@@ -23,6 +23,10 @@ class RunLog:
         (self.bar.write if self.bar is not None else self.echo)(msg)
         self._to_files(msg)
 
+    def to_files(self, msg):
+        """Only into logs/ (e.g. the traceback behind the one-paragraph error the console shows)."""
+        self._to_files(msg)
+
     def _to_files(self, msg):
         if self.files:
             for f in self.files:

@@ -47,7 +47,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     s.fresh_start = plan.fresh_start
     cfg, t = s.cfg, s.cfg.train  # the resolved config, as run
     if rt.is_main:
-        write_run_dir(plan, cfg, rt, start)
+        write_run_dir(plan, cfg, rt, start, s.manifest)
     log.open_files(plan.run_dir)
     log(f"run directory: {plan.run_dir}" + (f" (resuming at step {start})" if plan.resume else ""))
 
@@ -109,6 +109,11 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
         finish(trun, summary, saver)
         call(hooks, "done", trun, summary)
         return summary
+    except BaseException:
+        import traceback
+
+        log.to_files(traceback.format_exc().rstrip())  # what ended the run stays in logs/ (the console has the paragraph)
+        raise
     finally:
         if not finished:  # an error or a halt: hooks still release what they hold (profiler, sampler thread)
             for h in hooks:
@@ -122,8 +127,9 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
 
 # --- the run directory ------------------------------------------------------------------------------------
 
-def write_run_dir(plan, cfg, rt, start):
-    """Create the run directory (or continue it) and write the config as run and the run's facts."""
+def write_run_dir(plan, cfg, rt, start, manifest):
+    """Create the run directory (or continue it) and write the config as run and the run's facts (with the
+    dataset's sample count and token statistics, so a run directory copied elsewhere keeps its references)."""
     rd.create_run_dir(plan.run_dir)
     if plan.resume:
         keep_metrics_until(plan.run_dir, start)
@@ -131,7 +137,9 @@ def write_run_dir(plan, cfg, rt, start):
     rd.write_config(cfg, os.path.join(plan.run_dir, name), save_config)
     info = os.path.join(plan.run_dir, "run_info.json")
     if not os.path.isfile(info):
-        rd.write_json(info, rd.run_info(rt, cfg, {"run_dir": os.path.abspath(plan.run_dir)}))
+        dataset = {"dir": os.path.abspath(cfg.data.dataset_dir), "stats": manifest.get("stats"),
+                   "train_samples": manifest.get("splits", {}).get("train", {}).get("samples")}
+        rd.write_json(info, rd.run_info(rt, cfg, {"run_dir": os.path.abspath(plan.run_dir), "dataset": dataset}))
 
 
 def summarise(trun, steps, val_loss, meter, saver):
