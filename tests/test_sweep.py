@@ -330,7 +330,7 @@ def test_lr_find_readings_on_a_known_curve():
     n = 200
     lrs = [lr_at(k, n, 1e-7, 1.0) for k in range(n)]
 
-    def loss(lr):  # falls fastest around 1e-3, lowest around 1e-2, blows up past 1e-1
+    def loss(lr):  # falls fastest around 1e-3, keeps falling up to 1e-1, blows up past it
         x = math.log10(lr)
         return 4.0 - 1.5 / (1 + math.exp(-(x + 3) * 3)) + (0 if lr < 0.1 else 20 * (x + 1) ** 2)
 
@@ -338,7 +338,8 @@ def test_lr_find_readings_on_a_known_curve():
     r = analyse(lrs, losses)
     assert 5e-4 < r["steepest_lr"] < 2e-3
     assert 0.1 <= r["blowup_lr"] < 0.2
-    assert r["suggested_lr"] == float(f"{max(r['steepest_lr'], r['min_lr'] / 10):.3g}")
+    assert 0.05 < r["min_lr"] < 0.1  # the centered smoothing pulls the minimum a little below the jump at 0.1
+    assert r["suggested_lr"] == float(f"{r['min_lr']:.3g}") < r["blowup_lr"]
     assert diverged(losses[:150]) is None and diverged(losses) and diverged([4.0, 3.0, float("nan")])
     assert blowup_index(losses) == r["blowup_step"] - 1
     flat = analyse(lrs, [4.0] * n)  # a loss that never falls gives no suggestion
