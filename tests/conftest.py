@@ -1,3 +1,4 @@
+import fcntl
 import os
 import subprocess
 import sys
@@ -6,7 +7,27 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAKESPEARE = os.path.join(ROOT, "data", "tinyshakespeare.txt")
+QUICKSTART_DATA = os.path.join(ROOT, "data", "shakespeare_char")
 os.environ.setdefault("GLOG_v", "3")
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (`-n 2`, the README's test command) the workers share this checkout and the user's
+    cache: give each worker its own compile cache, so two workers never fill one entry at the same time, and
+    tokenize the quickstart's dataset once, under a lock, before any test's training run would do it (two first
+    runs at once would both find no dataset and the second would refuse the first's)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker:
+        base = os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm"))
+        os.environ["MS_LLM_CACHE"] = os.path.join(base, f"pytest-{worker}")
+    from ms_llm.data.manifest import has_manifest
+
+    with open(os.path.join(ROOT, "data", ".tests.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not has_manifest(QUICKSTART_DATA):
+            from ms_llm.data.preprocess import preprocess
+
+            preprocess(SHAKESPEARE, QUICKSTART_DATA, 64, "char", 0.1, log=lambda *_: None)
 
 
 @pytest.fixture(scope="session")
