@@ -51,6 +51,32 @@ def test_accumulation_three_reuses_exactly(dataset, tmp_path, cache):
     assert metrics(tmp_path / "fresh") == metrics(tmp_path / "reused") and digest(fresh) == digest(reused)
 
 
+def test_a_process_without_an_entry_script_trains_with_the_compile_cache_off(dataset, tmp_path, cache):
+    """MindSpore's compile cache reads sys.argv[0] for its dependency files: `python -c`, a notebook or a REPL
+    has none, and a compile with the cache on failed there (FileNotFoundError on '<cwd>/-c')."""
+    code = "import sys; from ms_llm.cli import main; sys.exit(main(sys.argv[1:]))"
+    args = tiny_train_args(dataset, tmp_path / "run", "--set", "train.max_steps=3")
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=600, env=dict(os.environ, GLOG_v="3", **cache))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "note: compile cache off: this process has no entry script" in proc.stdout + proc.stderr
+    assert not os.path.isdir(os.path.join(cache["MS_LLM_CACHE"], "compile"))  # nothing half-cached either
+
+
+def test_an_exported_mindspore_compile_cache_switch_caches_nothing_under_mindspores_own_key(dataset, tmp_path, cache):
+    """MindSpore's own cache (MS_COMPILER_CACHE_ENABLE=1, which its docs suggest exporting) keys graphs by the
+    source files alone: left on, `sample` of one model loaded the graph of another (seen as a Gather index out
+    of range). ms_llm turns it off until the training step asks for it under a key of config and code."""
+    mindspore_dir = tmp_path / "mindspore_cache"
+    env = dict(cache, MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=str(mindspore_dir))
+    out = train(tiny_train_args(dataset, tmp_path / "run", "--set", "train.max_steps=3"), env)
+    assert "compile cache: filling" in out
+    proc = ms_llm("sample", "--run-dir", str(tmp_path / "run"), "--prompt", "RO", "--max-new-tokens", "5",
+                  "--temperature", "0", env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert not mindspore_dir.exists() or not any(mindspore_dir.rglob("*"))
+
+
 UNOWNED_ACCUMULATE = """
 import os
 import sys

@@ -89,6 +89,11 @@ def check_environment(r):
         r.add("WARN", "ASCEND_SLOG_PRINT_TO_STDOUT", "1", "device logs on stdout cost I/O: unset it outside debugging")
     if env.get("GLOG_v") in ("0", "1"):
         r.add("WARN", "GLOG_v", env["GLOG_v"], "MindSpore debug/info logging: set GLOG_v=3 (errors only) to train")
+    if env.get("MS_COMPILER_CACHE_ENABLE", "0") not in ("0", ""):
+        r.add("WARN", "MS_COMPILER_CACHE_ENABLE", env["MS_COMPILER_CACHE_ENABLE"],
+              "ignored by ms_llm: MindSpore keys that cache by the source files alone and would hand one config "
+              "another's graph; ms_llm caches the training step under a key of config and code "
+              "(context.compile_cache). Unset it")
     shown = ", ".join(f"{k}={v}" for k, v in sorted(env.items()) if "KEY" not in k and "SECRET" not in k and
                       "TOKEN" not in k)
     r.add("PASS", "environment", shown or "no MS_/RANK_/ASCEND_/HCCL_/GLOG_/MA_ variables set")

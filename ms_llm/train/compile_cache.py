@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import sys
 
 from ms_llm.config import to_dict
 
@@ -70,6 +71,17 @@ def cache_root():
     return os.environ.get("MS_LLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ms_llm"))
 
 
+def unusable_reason():
+    """Why MindSpore's compile cache cannot run in this process, or None. MindSpore parses the entry script
+    (sys.argv[0]) for the source files the graph depends on, at every compile with the cache on; a process started
+    with `python -c`, a notebook or a REPL has no such file, and the compile would fail on it."""
+    entry = sys.argv[0] if sys.argv else ""
+    if not os.path.isfile(os.path.realpath(entry)):
+        return (f"this process has no entry script for MindSpore to read (sys.argv[0] = {entry!r}: python -c, a "
+                f"notebook or a REPL); run a script or `ms-llm train` to reuse compiled graphs")
+    return None
+
+
 def enable(cfg, rt, purpose="train"):
     """Point MindSpore's compile cache at this graph's own directory. Returns a Guard for the entry.
 
@@ -86,8 +98,14 @@ def enable(cfg, rt, purpose="train"):
 def close():
     """Stop caching once the training step is compiled. MindSpore numbers cached graphs in compile order
     (compile_cache_0, _1, ...), and later graphs (evaluation, statistics probes, the NaN hunter) depend on
-    run settings left out of the key: caching them would hand one run another run's graph."""
+    run settings left out of the key: caching them would hand one run another run's graph.
+
+    Also called before any graph of a command is compiled (context.select_device): MindSpore's switch is an
+    environment variable, so one exported by the user (MindSpore's docs suggest it) or inherited from a process
+    whose run failed mid-compile would otherwise cache every graph under MindSpore's key of the source files
+    alone — `ms-llm sample` then ran a graph of another model (a Gather index out of range, or wrong numbers)."""
     os.environ["MS_COMPILER_CACHE_ENABLE"] = "0"
+    os.environ.pop("MS_COMPILER_CACHE_PATH", None)
 
 
 def graph_parameter_names(cell):
@@ -162,9 +180,11 @@ class Guard:
     def check_binding(self, cells, batches, log):
         """Compile (or load) the step's graphs, stop caching, and make sure every graph is bound to the
         parameters of its cell; a graph that is not gets compiled afresh (when loaded) and the entry dropped."""
-        for cell, batch in zip(cells, batches):
-            cell.compile(batch)
-        close()
+        try:
+            for cell, batch in zip(cells, batches):
+                cell.compile(batch)
+        finally:  # a failed compile must not leave caching on for the graphs compiled after it
+            close()
         bad = {type(c).__name__: unowned_parameters(c) for c in cells}
         bad = {k: v for k, v in bad.items() if v}
         if not bad:

@@ -92,6 +92,9 @@ def select_device(ctx_cfg):
     """Point MindSpore at the configured device (refusing one this package cannot drive) and set the execution
     mode, threads and memory; no communication yet. Returns the device target."""
     os.environ.setdefault("GLOG_v", "3")  # MindSpore's INFO/WARNING spam hides our log lines
+    from ms_llm.train import compile_cache
+
+    compile_cache.close()  # off until the training step asks for it under its own key (see close)
     import mindspore as ms
 
     target = device_target(ctx_cfg)

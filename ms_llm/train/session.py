@@ -134,8 +134,13 @@ def open_session(cfg, echo=print, purpose="train", rt=None, layout=None, strateg
     if cfg.context.compile_cache and compile_cache is not False and cfg.context.mode == "graph":
         from ms_llm.train import compile_cache as cc
 
-        cache = cc.enable(cfg, rt, purpose)
-        log(f"compile cache: {'reusing' if cache.hit else 'filling'} {cache.path}")
+        why_not = cc.unusable_reason()
+        if why_not:
+            cc.close()
+            log(f"note: compile cache off: {why_not}")
+        else:
+            cache = cc.enable(cfg, rt, purpose)
+            log(f"compile cache: {'reusing' if cache.hit else 'filling'} {cache.path}")
     ms.set_seed(t.seed)
     np.random.seed(t.seed)
     semi_auto = plan.semi_auto

@@ -16,6 +16,7 @@ from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
 from ms_llm.parallel.layout import resolve_layout
 from ms_llm.train import run_dir as rd
+from ms_llm.train import compile_cache
 from ms_llm.train.compile_cache import CacheMismatch
 from ms_llm.train.context import all_ranks_ok, launch_world_size, select_device, setup_context
 from ms_llm.train.evaluate import evaluate
@@ -123,6 +124,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                     pass
         writer.close()
         log.close()
+        compile_cache.close()  # a run that failed between enabling the cache and compiling leaves it off
 
 
 # --- the run directory ------------------------------------------------------------------------------------
