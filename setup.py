@@ -14,9 +14,8 @@ setup(
     install_requires=["mindspore==2.10.0", "numpy<2", "pyyaml", "tqdm", "bokeh>=3.4,<4"],
     # tensorboard: the event-file writer (monitor.tensorboard); dev adds TensorBoard itself, whose
     # EventAccumulator the tests read the files back with
-    # dev: pytest (pytest-xdist: the suite is mostly subprocess training runs, two workers finish it ~1.4x
-    # sooner on 2 cores) and every optional extra the tests exercise, so that no test is skipped for a missing package
-    extras_require={"dev": ["pytest", "pytest-xdist", "tokenizers", "sentencepiece", "tensorboardX>=2.6", "tensorboard"],
+    # dev: pytest and every optional extra the tests exercise, so that no test is skipped for a missing package
+    extras_require={"dev": ["pytest", "tokenizers", "sentencepiece", "tensorboardX>=2.6", "tensorboard"],
                     "hf": ["tokenizers"], "sentencepiece": ["sentencepiece"], "tensorboard": ["tensorboardX>=2.6"]},
     entry_points={"console_scripts": ["ms-llm=ms_llm.cli:main"]},
 )

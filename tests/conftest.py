@@ -12,10 +12,11 @@ os.environ.setdefault("GLOG_v", "3")
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (`-n 2`, the README's test command) the workers share this checkout and the user's
-    cache: give each worker its own compile cache, so two workers never fill one entry at the same time, and
-    tokenize the quickstart's dataset once, under a lock, before any test's training run would do it (two first
-    runs at once would both find no dataset and the second would refuse the first's)."""
+    """Under pytest-xdist (not in the dev extra: on 2 cores the diagnosis tests' clean runs see the other
+    worker's load as saw-toothed throughput) the workers share this checkout and the user's cache: give each
+    worker its own compile cache, so two workers never fill one entry at the same time, and tokenize the
+    quickstart's dataset once, under a lock, before any test's training run would do it (two first runs at once
+    would both find no dataset and the second would refuse the first's)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
         base = os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm"))
