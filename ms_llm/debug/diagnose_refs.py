@@ -80,19 +80,13 @@ def unigram_entropy(run):
     found is also remembered under the dataset's path, so a run diagnosed after its dataset moved still has it."""
     m = manifest(run)
     if m is None:  # the dataset is not here: the statistics the trainer copied into run_info.json, if any
-        stats = (run.info.get("dataset") or {}).get("stats") or {}
-        for split in ("train", "all"):
-            h = (stats.get(split) or {}).get("unigram_entropy_nats")
-            if finite(h) and h > 0:
-                return Entropy(h, f"run_info.json (the dataset's {split} statistics)")
-        return remembered(run)
+        found = from_stats((run.info.get("dataset") or {}).get("stats"), "run_info.json (the dataset's {} statistics)")
+        return found or remembered(run)
     d = dataset_dir(run)
-    stats = m.get("stats") or {}
-    for split in ("train", "all"):
-        h = (stats.get(split) or {}).get("unigram_entropy_nats")
-        if finite(h) and h > 0:
-            remember(d, h, f"manifest.json ({split})")
-            return Entropy(h, f"manifest.json ({split})")
+    found = from_stats(m.get("stats"), "manifest.json ({})")
+    if found:
+        remember(d, found.nats, found.source)
+        return found
     key = hashlib.sha1(repr((os.path.abspath(d), os.path.getmtime(os.path.join(d, "manifest.json")),
                              os.path.getsize(os.path.join(d, "manifest.json")))).encode()).hexdigest()[:16]
     path = cache_dir(f"unigram_{key}.json")
@@ -112,6 +106,15 @@ def unigram_entropy(run):
     write_json(path, {"nats": nats, "tokens": tokens, "dataset": os.path.abspath(d)})
     remember(d, nats, source)
     return Entropy(nats, source)
+
+
+def from_stats(stats, source):
+    """The entropy a dataset's statistics hold (the train split's, else the whole corpus's), or None."""
+    for split in ("train", "all"):
+        h = ((stats or {}).get(split) or {}).get("unigram_entropy_nats")
+        if finite(h) and h > 0:
+            return Entropy(h, source.format(split))
+    return None
 
 
 def _path_key(d):

@@ -82,7 +82,8 @@ def suspects(run):
         ratio = wd * std
         out.append(Suspect("weight_decay", SLOW, f"train.weight_decay = {g(wd)} (the usual is 0-0.1): each step "
                            f"takes lr x wd = {g(lr * wd)} of every weight (half-life "
-                           f"{math.log(2) / max(lr * wd, 1e-12):,.0f} steps at the peak LR); for a weight of the init size {g(std)} that is {ratio:.2g} of an "
+                           f"{math.log(2) / max(lr * wd, 1e-12):,.0f} steps at the peak LR); for a weight of the "
+                           f"init size {g(std)} that is {ratio:.2g} of an "
                            f"Adam step (about lr)", f"weight decay pulls the weights to zero about as fast as the "
                            f"gradients move them (train.weight_decay = {g(wd)}: wd x init_std = {ratio:.2g})",
                            "--set train.weight_decay=0.1", strong=ratio >= WD_STEP_SHARE))

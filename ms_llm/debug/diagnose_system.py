@@ -10,7 +10,7 @@ from ms_llm.debug.diagnose_device import contention_text, host_contention
 CONTENDED_SHARE = 0.75   # slow records that coincide with host load: host contention, a note
 MEM_GROWTH_ABS, MEM_GROWTH_REL = 0.05, 0.10  # memory growing by 50 MiB and 10% (first third → last third) ...
 MEM_STEP_GIB, MEM_RISING = 0.5 / 1024, 0.5   # ... rising by > 0.5 MiB in half of the intervals ...
-MEM_ONE_JUMP, MEM_LATE = 0.5, 0.2            # ... no single interval holding half the growth, 20% of it in the last third
+MEM_ONE_JUMP, MEM_LATE = 0.5, 0.2            # ... no interval holding half the growth, 20% of it in the last third
 
 # --- 6. throughput -------------------------------------------------------------------------------------
 

@@ -135,8 +135,7 @@ def open_session(cfg, echo=print, purpose="train", rt=None, layout=None, strateg
         from ms_llm.train import compile_cache as cc
 
         why_not = cc.unusable_reason()
-        if why_not:
-            cc.close()
+        if why_not:  # (select_device switched MindSpore's cache off already)
             log(f"note: compile cache off: {why_not}")
         else:
             cache = cc.enable(cfg, rt, purpose)

@@ -15,9 +15,7 @@ from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
 from ms_llm.parallel.layout import resolve_layout
-from ms_llm.train import run_dir as rd
-from ms_llm.train import compile_cache
-from ms_llm.train.compile_cache import CacheMismatch
+from ms_llm.train import compile_cache, run_dir as rd
 from ms_llm.train.context import all_ranks_ok, launch_world_size, select_device, setup_context
 from ms_llm.train.evaluate import evaluate
 from ms_llm.train.hooks import TrainingRun, call
@@ -113,7 +111,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     except BaseException:
         import traceback
 
-        log.to_files(traceback.format_exc().rstrip())  # what ended the run stays in logs/ (the console has the paragraph)
+        # what ended the run stays in logs/ (the console has the one paragraph)
+        log.to_files(traceback.format_exc().rstrip())
         raise
     finally:
         if not finished:  # an error or a halt: hooks still release what they hold (profiler, sampler thread)
@@ -178,7 +177,7 @@ def first_step(trun, meter, batches, layout, plan):
     s, t0 = trun.session, time.perf_counter()
     try:
         out = s.train_step(batches)
-    except CacheMismatch as e:
+    except compile_cache.CacheMismatch as e:
         trun.log(f"warning: {e}")
         s = trun.session = open_session(s.cfg, trun.log, rt=s.rt, layout=layout, strategy_dir=plan.strategy_dir,
                                         compile_cache=False)
