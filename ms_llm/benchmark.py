@@ -22,7 +22,7 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
 
     from ms_llm.checkpoint import state as ckpt_state
     from ms_llm.checkpoint.saver import CheckpointSaver
-    from ms_llm.debug.watch import TensorStats
+    from ms_llm.debug.training_hooks import TensorStats
 
     s = open_session(cfg, echo)
     tmp = tempfile.TemporaryDirectory(prefix="ms_llm_bench_")

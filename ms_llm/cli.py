@@ -1,10 +1,10 @@
 """`ms-llm <command>`: the command-line entry point. Each command parses its arguments and calls one
 function of the framework; a `UserError` becomes one paragraph on stderr and exit code 2."""
 import argparse
-import os
 import sys
 
 from ms_llm.errors import UserError
+from ms_llm.config.cli_args import add_set_argument
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -17,8 +17,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def add_train_args(p):
     p.add_argument("--config", required=True, help="YAML config, e.g. configs/shakespeare_char.yaml")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value (repeatable), e.g. --set train.max_steps=300")
+    add_set_argument(p)
     p.add_argument("--run-dir", help="where the run is written (default: runs/<config>-<time>); must not exist "
                                      "unless --resume")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its newest checkpoint")
@@ -40,7 +39,7 @@ def cmd_train(args):
     if args.weights_only and not args.resume:
         raise UserError("--weights-only only applies with --resume. To start a new run from weights, use "
                         "--set checkpoint.load_weights=<file>.")
-    from ms_llm.extras import hooks_for
+    from ms_llm.run_hooks import hooks_for
     from ms_llm.train.trainer import run
 
     run(cfg, run_dir=args.run_dir, resume=args.resume, config_path=args.config, weights_only=args.weights_only,
@@ -97,74 +96,6 @@ def cmd_benchmark(args):
     benchmark(load_config(args.config, overrides), args.steps, args.warmup, args.json)
 
 
-def cmd_convert(args):
-    from ms_llm.interop import convert_hf
-
-    modes = [m for m in ("from_hf", "to_hf", "split", "merge", "from_mindformers_config", "from_mindformers",
-                         "to_mindformers") if getattr(args, m)]
-    if len(modes) != 1:
-        raise UserError("convert needs exactly one of --from-hf HF_DIR, --to-hf CHECKPOINT, --split CHECKPOINT, "
-                        "--merge SHARD_DIR, --from-mindformers-config YAML, --from-mindformers CKPT or "
-                        "--to-mindformers CHECKPOINT.")
-    if args.split or args.merge:
-        return reshard(args)
-    if args.from_mindformers_config:
-        from ms_llm.interop.mindformers_config import convert_config
-
-        convert_config(args.from_mindformers_config, args.output, args.samples, args.devices)
-        return None
-    if args.from_mindformers or args.to_mindformers:  # Llama checkpoints, docs/from_mindformers.md
-        from ms_llm.interop import mindformers_ckpt
-
-        if args.from_mindformers:
-            mindformers_ckpt.from_mindformers(args.from_mindformers, args.config, args.output, args.fused_layout,
-                                              args.strategy, args.format)
-        else:
-            mindformers_ckpt.to_mindformers(args.to_mindformers, args.config, args.output, args.dtype,
-                                            args.fused_layout)
-        return None
-    if args.from_hf:
-        if not os.path.isdir(args.from_hf):
-            raise UserError(f"--from-hf '{args.from_hf}' is not a folder. Give a Hugging Face model folder.")
-        convert_hf.from_hf(args.from_hf, args.output, args.format)
-    else:
-        if not os.path.isfile(args.to_hf):
-            raise UserError(f"--to-hf '{args.to_hf}' does not exist. Give a checkpoint file (.ckpt/.safetensors).")
-        config = args.config or os.path.join(os.path.dirname(os.path.abspath(args.to_hf)), "config.yaml")
-        convert_hf.to_hf(args.to_hf, config, args.output)
-
-
-def reshard(args):
-    """--split a full checkpoint into rank_<r>/ shards for the layout of --config (+ --set), or --merge them."""
-    from ms_llm.checkpoint import store
-    from ms_llm.config import load_config
-    from ms_llm.parallel import reshard as rs
-    from ms_llm.parallel.layout import build_plan
-
-    if not args.config:
-        raise UserError("--split/--merge need --config (the model and its parallel_config) and --devices.")
-    cfg = load_config(args.config, args.overrides)
-    pc = cfg.parallel_config
-    devices = args.devices or (pc.data_parallel or 1) * pc.model_parallel * pc.pipeline_stage
-    plan = build_plan(cfg, devices, check_batch=False)
-    if args.split:
-        if not os.path.isfile(args.split):
-            raise UserError(f"--split '{args.split}' does not exist. Give a full checkpoint file.")
-        for rank, arrays in rs.split(store.read_tensors(args.split), plan).items():
-            os.makedirs(os.path.join(args.output, f"rank_{rank}"), exist_ok=True)
-            store.write_tensors(os.path.join(args.output, f"rank_{rank}", "model.ckpt"), arrays, "ckpt")
-        print(f"split for data {plan.dp} x model {plan.mp}: {devices} shards in {args.output}/rank_*/model.ckpt")
-    else:
-        shards = {}
-        for rank in range(devices):
-            path = os.path.join(args.merge, f"rank_{rank}", "model.ckpt")
-            if not os.path.isfile(path):
-                raise UserError(f"--merge: '{path}' is missing; all {devices} ranks' shards are needed.")
-            shards[rank] = store.read_tensors(path)
-        store.write_tensors(args.output, rs.merge(shards, plan), "ckpt")
-        print(f"merged {devices} shards → {args.output}")
-
-
 def build_parser():
     parser = ArgumentParser(prog="ms-llm", description="Train, debug and tune LLMs with MindSpore.")
     sub = parser.add_subparsers(dest="command", metavar="command", parser_class=ArgumentParser)
@@ -190,67 +121,37 @@ def build_parser():
                    help="count and skip invalid JSON lines / undecodable bytes instead of stopping at the first")
     p.add_argument("--shard-size-mb", type=int, default=256, help="MindRecord shard size in MB of samples (default 256)")
     p.add_argument("--config", help="take the defaults above from a training config's data/model sections")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --output-dir")
     p.set_defaults(func=cmd_preprocess)
 
     p = sub.add_parser("benchmark", help="tokens/s, ms/step, compile time, MFU, memory, data wait of the real step")
     p.add_argument("--config", required=True)
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(p)
     p.add_argument("--steps", type=int, default=50, help="timed steps (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after compilation (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=cmd_benchmark)
 
-    p = sub.add_parser("convert", help="Hugging Face GPT-2/Llama and MindFormers Llama checkpoints and configs <-> "
-                                       "ms_llm; reshard across layouts")
-    p.add_argument("--from-hf", metavar="HF_DIR", help="a Hugging Face model folder (config.json + *.safetensors)")
-    p.add_argument("--to-hf", metavar="CHECKPOINT", help="an ms_llm .ckpt/.safetensors file (weights)")
-    p.add_argument("--split", metavar="CHECKPOINT", help="full checkpoint → per-rank shards for --config's layout")
-    p.add_argument("--merge", metavar="SHARD_DIR", help="rank_<r>/model.ckpt shards → one full checkpoint")
-    p.add_argument("--devices", type=int, help="with --split/--merge: ranks of the layout; with "
-                                               "--from-mindformers-config: ranks of a use_parallel: false run")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--config", help="with --to-hf/--to-mindformers: the model's config.yaml (default: next to the "
-                                    "checkpoint); with --from-mindformers: the model's config (ours or the MindFormers "
-                                    "YAML); with --split/--merge: the config whose parallel_config gives the layout")
-    p.add_argument("--output", required=True, help="folder to write (with --from-mindformers-config: the YAML file)")
-    p.add_argument("--format", choices=("ckpt", "safetensors"), default="ckpt",
-                   help="with --from-hf / --from-mindformers: the file format written")
-    p.add_argument("--from-mindformers-config", metavar="YAML",
-                   help="a MindFormers Llama YAML → an ms_llm config (--output C.yaml); prints what became of every key")
-    p.add_argument("--samples", type=int, help="with --from-mindformers-config: training samples in the dataset, to "
-                                               "turn runner_config.epochs into train.max_steps (default: counted when "
-                                               "train_dataset's dataset_dir is readable)")
-    p.add_argument("--from-mindformers", metavar="CKPT",
-                   help="a MindFormers Llama checkpoint (.ckpt/.safetensors, or a folder of rank_<r>/ shards with "
-                        "--strategy) → DIR/model.ckpt + config.yaml; needs --config")
-    p.add_argument("--to-mindformers", metavar="CHECKPOINT",
-                   help="an ms_llm checkpoint → MindFormers names in DIR/rank_0/model.ckpt")
-    p.add_argument("--strategy", metavar="PATH", help="with --from-mindformers DIR: the strategy file of the sharded "
-                                                      "run (or the folder of per-stage files)")
-    p.add_argument("--fused-layout", choices=("grouped", "concatenated"),
-                   help="row order of fused w_qkv / w_gate_hidden: grouped (MindFormers >= 1.4) or concatenated "
-                        "(<= 1.3); needed to read fused tensors; with --to-mindformers, writes fused tensors")
-    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
-                   help="with --to-mindformers: tensor dtype (default: the dtypes of the checkpoint converted from "
-                        "MindFormers, else float32)")
-    p.set_defaults(func=cmd_convert)
 
-    from ms_llm.debug.diagnose_cli import add_parsers as add_diagnose_parsers
-    from ms_llm.parallel.plan_cli import add_parser as add_plan_parser
+    # every other command is registered by the package it belongs to
+    from ms_llm.data import cli as data_cli
+    from ms_llm.debug import cli as debug_cli
+    from ms_llm.diagnose import cli as diagnose_cli
+    from ms_llm.interop import cli as interop_cli
+    from ms_llm.parallel import cli as parallel_cli
+    from ms_llm.report import cli as report_cli
+    from ms_llm.rundir import cli as rundir_cli
+    from ms_llm.tune import cli as tune_cli
 
-    from ms_llm.data.cli import add_parsers as add_data_parsers
-    from ms_llm.debug.cli import add_parsers as add_debug_parsers
-    from ms_llm.report.cli import add_parsers as add_report_parsers
-
-    add_plan_parser(sub)
-    add_diagnose_parsers(sub)
-    add_debug_parsers(sub)
-    add_data_parsers(sub)
-    add_report_parsers(sub)
-    from ms_llm.tune.cli import add_parsers as add_tune_parsers
-    add_tune_parsers(sub)
+    interop_cli.add_parsers(sub)
+    parallel_cli.add_parsers(sub)
+    diagnose_cli.add_parsers(sub)
+    rundir_cli.add_parsers(sub)
+    debug_cli.add_parsers(sub)
+    data_cli.add_parsers(sub)
+    report_cli.add_parsers(sub)
+    tune_cli.add_parsers(sub)
 
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--run-dir", required=True)

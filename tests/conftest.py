@@ -9,6 +9,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHAKESPEARE = os.path.join(ROOT, "data", "tinyshakespeare.txt")
 QUICKSTART_DATA = os.path.join(ROOT, "data", "shakespeare_char")
 os.environ.setdefault("GLOG_v", "3")
+# A test outside the `slow` tier that takes longer than this fails, so that the fast tier stays fast. A loaded
+# machine can raise it (MS_LLM_FAST_TEST_LIMIT_S=10); CI keeps the default.
+FAST_TEST_LIMIT_S = float(os.environ.get("MS_LLM_FAST_TEST_LIMIT_S", "3"))
 
 
 def pytest_configure(config):
@@ -29,6 +32,20 @@ def pytest_configure(config):
             from ms_llm.data.preprocess import preprocess
 
             preprocess(SHAKESPEARE, QUICKSTART_DATA, 64, "char", 0.1, log=lambda *_: None)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The fast tier's guard: a test not marked slow whose setup or body takes more than FAST_TEST_LIMIT_S fails,
+    naming the time, so that it is made faster or marked slow."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.when in ("setup", "call") and report.passed and item.get_closest_marker("slow") is None \
+            and call.duration > FAST_TEST_LIMIT_S:
+        report.outcome = "failed"
+        report.longrepr = (f"{item.nodeid}: its {report.when} took {call.duration:.1f} s, over the fast tier's "
+                           f"{FAST_TEST_LIMIT_S:g} s: make it faster, or mark it @pytest.mark.slow if it starts a "
+                           f"process or trains")
 
 
 @pytest.fixture(scope="session")

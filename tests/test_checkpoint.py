@@ -258,7 +258,7 @@ def test_anomaly_guard_rolls_back_after_repeated_non_finite_steps(dataset, tmp_p
                            "--set", "train.anomaly.lr_factor=0.5", "--set", "context.compile_cache=false")
     cfg = load_config(os.path.join(ROOT, "configs", "shakespeare_char.yaml"),
                       [args[i + 1] for i, a in enumerate(args) if a == "--set"])
-    from ms_llm.extras import hooks_for
+    from ms_llm.run_hooks import hooks_for
 
     run(cfg, run_dir=str(tmp_path / "run"), echo=lambda *a: None, hooks=hooks_for(cfg))
     recs = [json.loads(l) for l in open(tmp_path / "run" / "metrics.jsonl")]

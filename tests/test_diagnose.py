@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from ms_llm.config import load_config, save_config
-from ms_llm.debug.diagnose import diagnose
-from ms_llm.debug.diagnose_common import parse_size_gib
+from ms_llm.diagnose.engine import diagnose
+from ms_llm.diagnose.common import parse_size_gib
 from ms_llm.cli import main
 from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
@@ -676,7 +676,7 @@ def test_poor_speedup_against_a_single_rank_sibling(tmp_path):
 def test_unigram_entropy_is_counted_from_the_dataset_when_the_manifest_lacks_it(dataset, tmp_path):
     import shutil
 
-    from ms_llm.debug.diagnose_refs import unigram_entropy
+    from ms_llm.diagnose.references import unigram_entropy
 
     copy = tmp_path / "ds"
     shutil.copytree(dataset, copy)
@@ -684,7 +684,7 @@ def test_unigram_entropy_is_counted_from_the_dataset_when_the_manifest_lacks_it(
     stats = manifest.pop("stats", None)
     (copy / "manifest.json").write_text(json.dumps(manifest))
     run = write_run(tmp_path / "r", healthy(), [f"data.dataset_dir={copy}"])
-    from ms_llm.debug.runs import load_run
+    from ms_llm.rundir.reader import load_run
 
     h = unigram_entropy(load_run(run))
     assert h is not None and h.source.startswith("counted from") and 2.5 < h.nats < 4.0

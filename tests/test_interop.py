@@ -25,10 +25,10 @@ def fixture(name):
 ])
 def test_mindformers_configs_convert_with_every_key_accounted_for(name, global_batch, micro, max_steps, tmp_path):
     from ms_llm.config import load_config
-    from ms_llm.interop.mindformers_config import convert_config
-    from ms_llm.interop.mindformers_table import UNKNOWN, flatten
+    from ms_llm.interop.mindformers.config import convert_config
+    from ms_llm.interop.mindformers.table import UNKNOWN, flatten
     from ms_llm.parallel.layout import build_plan
-    from ms_llm.parallel.memory import ModelShape
+    from ms_llm.parallel.shapes import ModelShape
 
     out = tmp_path / "ours.yaml"
     lines = []
@@ -66,7 +66,7 @@ def test_mindformers_configs_convert_with_every_key_accounted_for(name, global_b
 
 
 def test_epochs_need_the_dataset_size_and_bad_models_are_refused(tmp_path):
-    from ms_llm.interop.mindformers_config import import_config
+    from ms_llm.interop.mindformers.config import import_config
 
     with open(fixture("pretrain_llama2_7b"), encoding="utf-8") as f:
         raw = yaml.safe_load(f)
@@ -75,7 +75,7 @@ def test_epochs_need_the_dataset_size_and_bad_models_are_refused(tmp_path):
     assert {r.key: r.status for r in rows}["runner_config.epochs"] == "ACTION"
     from mindspore.mindrecord import FileWriter
 
-    from ms_llm.interop.mindformers_config import convert_config
+    from ms_llm.interop.mindformers.config import convert_config
 
     os.makedirs(tmp_path / "wiki")  # a readable dataset is counted: 3 shards as MindFormers' --file_partition 3
     writer = FileWriter(str(tmp_path / "wiki" / "wiki.mindrecord"), shard_num=3)
@@ -146,7 +146,7 @@ def test_converted_config_trains_20_steps_on_an_adopted_mindformers_mindrecord(t
     """The whole move: MindFormers YAML → our config; MindFormers-layout MindRecord → `ms-llm data adopt`; 20
     steps with the converted settings (schedule, loss scale, clipping). A CPU can only take a small model of
     the family on one rank, so the shape, layout and batch are overridden and nothing else."""
-    from ms_llm.interop.mindformers_config import convert_config
+    from ms_llm.interop.mindformers.config import convert_config
 
     data = str(tmp_path / "wiki4096")
     write_mindformers_mindrecord(data, 200, 32, 256)
@@ -302,7 +302,7 @@ def tiny_config(tmp_path_factory):
                                                  ("grouped", "bfloat16", "grouped"),
                                                  ("concatenated", "float16", "concatenated")])
 def test_mindformers_checkpoint_matches_numpy_and_round_trips_bit_for_bit(kind, dtype, layout, tiny_config, tmp_path):
-    from ms_llm.interop import mindformers_ckpt as mf
+    from ms_llm.interop.mindformers import ckpt as mf
 
     rng = np.random.default_rng(3)
     plain = plain_weights(rng, dtype)
@@ -339,7 +339,7 @@ def test_cli_round_trip_and_every_mismatch_listed(tiny_config, tmp_path):
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert raw_tensors(str(tmp_path / "back" / "rank_0" / "model.ckpt")) == raw_tensors(src)
 
-    from ms_llm.interop import mindformers_ckpt as mf
+    from ms_llm.interop.mindformers import ckpt as mf
 
     broken = variant(plain, "plain")
     del broken["model.layers.1.ffn_norm.weight"], broken["model.norm_out.weight"]
@@ -385,7 +385,7 @@ def write_strategy(path, layouts, stage=0):
 
 def test_rank_sharded_checkpoint_is_merged_by_mindspore(tiny_config, tmp_path):
     from ms_llm.checkpoint import store
-    from ms_llm.interop import mindformers_ckpt as mf
+    from ms_llm.interop.mindformers import ckpt as mf
 
     rng = np.random.default_rng(5)
     full = plain_weights(rng, "float16")
@@ -415,7 +415,7 @@ def test_rank_sharded_checkpoint_is_merged_by_mindspore(tiny_config, tmp_path):
 
 def test_pipeline_shards_merge_with_their_per_stage_strategy_files(tiny_config, tmp_path):
     from ms_llm.checkpoint import store
-    from ms_llm.interop import mindformers_ckpt as mf
+    from ms_llm.interop.mindformers import ckpt as mf
 
     full = plain_weights(np.random.default_rng(6), "bfloat16")
     save_mindformers(str(tmp_path / "full.ckpt"), full, "bfloat16", extra_state=False)
@@ -434,7 +434,7 @@ def test_pipeline_shards_merge_with_their_per_stage_strategy_files(tiny_config, 
 
 def test_a_run_fine_tuned_from_a_converted_checkpoint_goes_back_in_the_original_names_and_dtypes(tmp_path):
     from ms_llm.checkpoint import store
-    from ms_llm.interop import mindformers_ckpt as mf
+    from ms_llm.interop.mindformers import ckpt as mf
 
     plain = plain_weights(np.random.default_rng(7), "bfloat16")
     src = str(tmp_path / "mf" / "layer.ckpt")

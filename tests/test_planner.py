@@ -10,9 +10,9 @@ import pytest
 from ms_llm.config import load_config
 from ms_llm.errors import UserError
 from ms_llm.parallel import planner
-from ms_llm.parallel.memory import (GIB, Layout, ModelShape, korthikanti_layer_bytes, layer_activation_units,
-                                    stage_memory, total_bytes)
-from ms_llm.parallel.plan_cli import add_parser
+from ms_llm.parallel.memory import GIB, korthikanti_layer_bytes, layer_activation_units, stage_memory, total_bytes
+from ms_llm.parallel.shapes import Layout, ModelShape
+from ms_llm.parallel.cli import add_parsers
 
 LLAMA2_7B_PARAMS = 6_738_415_616
 BF16_7B = ["model.preset=llama2-7b", "precision.compute_dtype=bfloat16", "train.global_batch_size=64",
@@ -287,7 +287,7 @@ def test_mindformers_llama2_7b_layout_estimate_against_the_published_figures():
 
 def run_plan(capsys, *argv):
     parser = argparse.ArgumentParser(prog="ms-llm")
-    add_parser(parser.add_subparsers(dest="command"))
+    add_parsers(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["plan", *argv])
     args.func(args)
     return capsys.readouterr().out
@@ -342,7 +342,7 @@ def test_cli_without_a_model_is_a_user_error(capsys):
 
 
 def test_device_memory_units():
-    from ms_llm.parallel.plan_cli import parse_memory
+    from ms_llm.parallel.cli import parse_memory
 
     assert parse_memory("64GB") == parse_memory("64 GiB") == parse_memory("64") == 64.0
     assert parse_memory("512MB") == 0.5 and 64 * GIB == parse_memory("64g") * GIB

@@ -131,7 +131,7 @@ def test_align_by_tokens_scales_each_run(tmp_path):
 
 
 def test_report_survives_a_failing_diagnose(tmp_path, monkeypatch):
-    import ms_llm.debug.diagnose as diagnose
+    import ms_llm.diagnose.engine as diagnose
 
     def boom(*_):
         raise RuntimeError("rule exploded")

@@ -3,7 +3,7 @@ import json
 import os
 
 from ms_llm.cli import main
-from ms_llm.debug.runs import diff_runs, list_runs
+from ms_llm.rundir.reader import diff_runs, list_runs
 from test_diagnose import healthy, write_run
 
 

@@ -188,9 +188,9 @@ def write_curve(path, losses, lr=1e-3, log_interval=10, steps=None, final=True):
 
 
 def test_divergence_is_diagnoses_verdict(tmp_path):
-    from ms_llm.debug.diagnose import diagnose
-    from ms_llm.debug.runs import load_run
-    from ms_llm.tune.watch import divergence
+    from ms_llm.diagnose.engine import diagnose
+    from ms_llm.rundir.reader import load_run
+    from ms_llm.tune.trial_progress import divergence
 
     healthy = write_curve(tmp_path / "ok", [4.0 - 0.1 * i for i in range(12)])
     rising = write_curve(tmp_path / "up", [4.0, 3.5, 3.0, 2.8, 2.7, 2.8, 3.5, 4.5, 6.0, 8.0, 9.0, 9.5])
@@ -202,7 +202,7 @@ def test_divergence_is_diagnoses_verdict(tmp_path):
 
 
 def test_successive_halving_verdict():
-    from ms_llm.tune.watch import behind
+    from ms_llm.tune.trial_progress import behind
 
     assert behind(3.0, []) is None  # the first trial at a rung has nothing to lose to
     assert behind(3.0, [2.0]) and "50.0% above" in behind(3.0, [2.0])

@@ -84,7 +84,7 @@ def from_dict(raw):
     raw = dict(raw)
     for name in raw:
         if name not in SECTIONS:
-            from ms_llm.interop.mindformers_detect import looks_like_mindformers  # name a MindFormers file as one
+            from ms_llm.interop.mindformers.detect import looks_like_mindformers  # name a MindFormers file as one
 
             if looks_like_mindformers(raw):
                 raise UserError(looks_like_mindformers(raw))

@@ -1,4 +1,5 @@
 """The data commands: `ms-llm tokenizer train`, `ms-llm data info`, `ms-llm data adopt`."""
+from ms_llm.config.cli_args import add_set_argument
 
 
 def cmd_tokenizer_train(args):
@@ -50,7 +51,7 @@ def add_parsers(sub):
     d = dsub.add_parser("info", help="documents, tokens, samples, length histogram, unigram entropy; epochs of a run")
     d.add_argument("dataset_dir")
     d.add_argument("--config", help="a training config: how many epochs its run covers")
-    d.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(d)
     d.set_defaults(func=cmd_data_info)
     d = dsub.add_parser("adopt", help="write a manifest for MindRecord files with an input_ids column (e.g. "
                                       "MindFormers'); the data files are not modified")

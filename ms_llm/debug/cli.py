@@ -6,6 +6,7 @@ import os
 import numpy as np
 
 from ms_llm.errors import UserError
+from ms_llm.config.cli_args import add_set_argument
 
 
 def cmd_doctor(args):
@@ -107,7 +108,7 @@ def add_parsers(sub):
     dsub.required = True
     q = dsub.add_parser("overfit", help="can the model memorise a few samples? (bugs vs data)")
     q.add_argument("--config", required=True)
-    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(q)
     q.add_argument("--samples", type=int, default=32)
     q.add_argument("--steps", type=int, default=300)
     q.add_argument("--threshold", type=float, default=0.1, help="pass below this fraction of the initial loss")
@@ -115,14 +116,13 @@ def add_parsers(sub):
     q = dsub.add_parser("nan", help="find the first module / gradient that went non-finite, and why")
     q.add_argument("--run-dir", required=True)
     q.add_argument("--step", type=int, help="a saved NaN step, or the checkpoint whose next step to replay")
-    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(q)
     q.set_defaults(func=cmd_nan)
     q = dsub.add_parser("dump", help="per-module outputs and gradients on a fixed batch, for `ms-llm compare`")
     q.add_argument("--run-dir", required=True)
     q.add_argument("--step", type=int, help="checkpoint step (default: newest)")
     q.add_argument("--output", required=True)
-    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="e.g. precision.compute_dtype=float16 to dump the same weights in another precision")
+    add_set_argument(q, help="e.g. precision.compute_dtype=float16 to dump the same weights in another precision")
     q.set_defaults(func=cmd_dump)
     from ms_llm.tune.cli import add_lr_find_parser  # the LR range test lives with the sweep (ms_llm/tune)
     add_lr_find_parser(dsub)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
 from ms_llm.errors import UserError
-from ms_llm.parallel.memory import Layout, ModelShape
+from ms_llm.parallel.shapes import Layout, ModelShape, balanced_stages
 
 DEFAULT_DEVICES_PER_NODE = 8
 
@@ -127,19 +127,6 @@ def decoder_strategies(arch, dp, mp, seq_parallel, vocab_emb_dp):
     if seq_parallel and mp > 1:  # row-parallel outputs are reduce-scattered along tokens instead of all-reduced
         out = {"layers.{i}.attention.out.matmul": ((dp * mp, 1),), "layers.{i}.mlp.down.matmul": ((dp * mp, 1),)}
     return s, out
-
-
-def balanced_stages(num_layers, pp, override=None):
-    """Stage of each layer: an explicit per-stage layer count, or as even as possible with the remainder
-    given to the middle stages (the first holds the embedding, the last the LM head and loss)."""
-    if override:
-        counts = list(override)
-    else:
-        counts = [num_layers // pp] * pp
-        middle = list(range(1, pp - 1)) or list(range(pp))
-        for k in range(num_layers % pp):
-            counts[middle[k % len(middle)]] += 1
-    return [stage for stage, n in enumerate(counts) for _ in range(n)]
 
 
 def recompute_layers(rc, stage_of_layer, pp):

@@ -8,127 +8,12 @@ Units: bytes everywhere in code; GiB (2**30) when printed, because device memory
 """
 from dataclasses import dataclass
 
-from ms_llm.errors import UserError
+from ms_llm.parallel.shapes import balanced_stages
 
 GIB = 2 ** 30
 FP32_BYTES = 4
 ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
-COMPUTE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 RECOMPUTE_MODES = ("none", "selective", "full")
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    arch: str
-    num_layers: int
-    hidden: int
-    heads: int
-    kv_heads: int
-    ffn: int
-    seq: int
-    vocab: int
-    tied: bool
-    bias: bool
-
-    @classmethod
-    def from_config(cls, m):
-        """From a validated `ModelConfig` (num_kv_heads and ffn_hidden_size already filled in)."""
-        if m.vocab_size is None:  # 0: not known yet, and its checks skipped
-            raise UserError("model.vocab_size is null: planning needs the vocabulary size, which training otherwise "
-                            "takes from the dataset manifest. Pass it, e.g. --set model.vocab_size=32000, or use a "
-                            "preset (--set model.preset=llama2-7b).")
-        return cls(m.arch, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads or m.num_heads,
-                   m.ffn_hidden_size, m.seq_length, m.vocab_size, m.tie_embeddings, m.bias and m.arch == "gpt2")
-
-    @property
-    def head_dim(self):
-        return self.hidden // self.heads
-
-    @property
-    def swiglu(self):
-        return self.arch == "llama"
-
-    # -- parameters, split by how tensor parallelism treats them ------------------------------------
-    def layer_split_params(self):
-        """Per layer, the parameters tensor parallelism splits t ways: the attention and MLP matrices and the
-        biases of the column-parallel ones (QKV, MLP up)."""
-        h, d = self.hidden, self.head_dim
-        qkv = h * (self.heads + 2 * self.kv_heads) * d
-        out = self.heads * d * h
-        mlp = (3 if self.swiglu else 2) * h * self.ffn
-        bias = (self.heads + 2 * self.kv_heads) * d + self.ffn if self.bias else 0
-        return qkv + out + mlp + bias
-
-    def layer_replicated_params(self):
-        """Per layer, the parameters every tensor-parallel rank keeps whole: the two norms and the biases of
-        the row-parallel matrices (attention out, MLP down)."""
-        h = self.hidden
-        norms = 2 * (2 * h if self.bias else h)
-        return norms + (2 * h if self.bias else 0)
-
-    def final_norm_params(self):
-        return 2 * self.hidden if self.bias else self.hidden
-
-    def embedding_params(self):
-        """Token embedding plus GPT-2's learned position table (first pipeline stage)."""
-        positions = self.seq * self.hidden if self.arch == "gpt2" else 0
-        return self.vocab * self.hidden + positions
-
-    def head_params(self):
-        """The LM head's own weights: 0 when tied to the embedding (last stage)."""
-        return 0 if self.tied else self.vocab * self.hidden
-
-    def total_params(self):
-        per_layer = self.layer_split_params() + self.layer_replicated_params()
-        return (self.num_layers * per_layer + self.final_norm_params() + self.embedding_params()
-                + self.head_params())
-
-    def matmul_params(self):
-        """Parameters that take part in a matmul: 6 FLOPs each per token. Lookup tables (GPT-2's position
-        table, an untied input embedding) multiply nothing, the rule monitor/throughput.py already applies."""
-        lookups = self.embedding_params() - (self.vocab * self.hidden if self.tied else 0)
-        return self.total_params() - lookups
-
-
-@dataclass(frozen=True)
-class Layout:
-    dp: int
-    mp: int
-    pp: int
-    micro_batch_size: int
-    micro_batch_num: int
-    global_batch: int
-    seq_parallel: bool = False
-    optimizer_shard: bool = False
-    recompute: str = "none"  # none | selective | full
-    full_recompute_layers: tuple = ()  # per stage, when recompute_config.recompute is a list
-    stage_layers: tuple = ()  # layers per stage (parallel_config.stage_layers); () = balanced as ms_llm does
-    vocab_emb_dp: bool = True
-    compute_dtype: str = "bfloat16"
-    flash_attention: bool = False  # fused attention keeps no s×s scores (Ascend FlashAttentionScore)
-
-    @property
-    def devices(self):
-        return self.dp * self.mp * self.pp
-
-    @property
-    def micro_batches_per_step(self):
-        """Micro-batches each data-parallel replica runs per optimizer step."""
-        return self.global_batch // (self.dp * self.micro_batch_size)
-
-    @property
-    def compute_bytes(self):
-        return COMPUTE_BYTES[self.compute_dtype]
-
-    def describe(self):
-        rc = self.recompute if not self.full_recompute_layers else f"full for {list(self.full_recompute_layers)} " \
-                                                                    f"layers per stage, else {self.recompute}"
-        return (f"dp {self.dp} × mp {self.mp} × pp {self.pp}, optimizer_shard {on(self.optimizer_shard)}, "
-                f"recompute {rc}, seq parallel {on(self.seq_parallel)}, flash attention {on(self.flash_attention)}")
-
-
-def on(flag):
-    return "on" if flag else "off"
 
 
 @dataclass
@@ -187,10 +72,8 @@ def layer_activation_units(shape, t, seq_parallel, recompute, flash=False):
 
 def layers_per_stage(shape, layout):
     """Layers on each pipeline stage: parallel_config.stage_layers when given, else ms_llm's own balanced
-    split (ms_llm.parallel.layout.balanced_stages: the remainder goes to the middle stages, since the first
+    split (ms_llm.parallel.shapes.balanced_stages: the remainder goes to the middle stages, since the first
     holds the embedding and the last the LM head and loss)."""
-    from ms_llm.parallel.layout import balanced_stages
-
     if layout.stage_layers:
         return list(layout.stage_layers)
     stage_of_layer = balanced_stages(shape.num_layers, layout.pp)

@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from ms_llm.errors import UserError
 from ms_llm.parallel.layout import (DEFAULT_DEVICES_PER_NODE, invalid_reasons,  # noqa: F401 (planner API)
                                     layout_from_config)
-from ms_llm.parallel.memory import (GIB, FP32_BYTES, ModelShape, layers_per_stage, peak_stage,
-                                    total_bytes)
+from ms_llm.parallel.memory import GIB, FP32_BYTES, layers_per_stage, peak_stage, total_bytes
+from ms_llm.parallel.shapes import ModelShape
 
 # Defaults: an Atlas 800T A2 node (8 × Ascend 910B-class, 64 GB HBM each, HCCS inside the node, one
 # 200 Gb/s RoCE port per device between nodes).

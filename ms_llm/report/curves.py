@@ -11,7 +11,7 @@ import math
 import os
 from dataclasses import dataclass, field
 
-from ms_llm.debug.runs import NONFINITE, load_run
+from ms_llm.rundir.reader import NONFINITE, load_run
 from ms_llm.errors import UserError
 
 GOLDEN_FORMAT = "ms_llm.golden_curve/1"

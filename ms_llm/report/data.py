@@ -1,4 +1,4 @@
-"""A run directory read for the report: the parsed run (ms_llm.debug.runs) plus telemetry, and its curves
+"""A run directory read for the report: the parsed run (ms_llm.rundir.reader) plus telemetry, and its curves
 as numpy arrays on a chosen x axis.
 
 Runs made by older versions lack `time`, `ms_per_step` and event records; every accessor here returns an
@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from ms_llm.debug.runs import is_run_dir, load_run, read_jsonl
+from ms_llm.rundir.reader import is_run_dir, load_run, read_jsonl
 from ms_llm.errors import UserError
 
 ALIGNS = ("step", "tokens")

@@ -3,7 +3,7 @@ at every evaluation; `ms-llm report` calls it from the command line)."""
 import datetime
 import os
 
-from ms_llm.debug.runs import ENV_KEYS, changed, flatten, summarize
+from ms_llm.rundir.reader import ENV_KEYS, changed, flatten, summarize
 from ms_llm.errors import UserError
 from ms_llm.fileio import atomic_write_bytes
 from ms_llm.report import page
@@ -127,7 +127,7 @@ def events_section(runs):
 
 
 def diagnosis_section(runs):
-    from ms_llm.debug.diagnose import diagnose
+    from ms_llm.diagnose.engine import diagnose
 
     out = []
     for rd in runs:

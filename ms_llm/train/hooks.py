@@ -1,7 +1,7 @@
 """Per-step extras handed to the trainer from outside (profiler window, NaN watch, tensor statistics, anomaly
 rollback, report refresh, telemetry): the loop calls them at fixed points and knows nothing else about them,
 so `ms_llm.train` never imports `ms_llm.debug`. The entry point builds them from the config
-(`ms_llm.extras.hooks_for`)."""
+(`ms_llm.run_hooks.hooks_for`)."""
 from dataclasses import dataclass, field
 from typing import Any, Callable
 

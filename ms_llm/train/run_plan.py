@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from ms_llm.train import run_dir as rd
+from ms_llm.rundir import writer as rd
 from ms_llm.train.context import agree, rank0_int
 from ms_llm.train.resume import check_remote, find_checkpoint, has_checkpoints
 

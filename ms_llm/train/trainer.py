@@ -15,7 +15,8 @@ from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
 from ms_llm.parallel.layout import resolve_layout
-from ms_llm.train import compile_cache, run_dir as rd
+from ms_llm.train import compile_cache
+from ms_llm.rundir import writer as rd
 from ms_llm.train.context import all_ranks_ok, launch_world_size, select_device, setup_context
 from ms_llm.train.evaluate import evaluate
 from ms_llm.train.hooks import TrainingRun, call

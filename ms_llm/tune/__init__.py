@@ -1,4 +1,4 @@
-"""Hyperparameter search the way the practitioner's guide does it (section 4.4): start from a golden config,
+"""Hyperparameter search as docs/tuning.md describes it: start from a golden config,
 change one dimension at a time (or run a grid), keep every trial as an ordinary run directory, and an LR
 range test (`ms-llm debug lr-find`) to place the learning rate before sweeping it.
 

@@ -3,6 +3,7 @@
 import sys
 
 from ms_llm.errors import UserError
+from ms_llm.config.cli_args import add_set_argument
 
 
 def cmd_sweep(args):
@@ -36,8 +37,7 @@ def add_parsers(sub):
     p = sub.add_parser("sweep", help="hyperparameter sweep: one-at-a-time from the golden config (or a grid), each "
                                      "trial an ordinary run; table, sweep.json, page, best config")
     p.add_argument("--config", help="the golden config (YAML); trials change only the --vary keys")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value for every trial (part of the golden config)")
+    add_set_argument(p, help="override a config value for every trial (part of the golden config)")
     p.add_argument("--vary", action="append", default=[], metavar="KEY=VALUES",
                    help="a key and its values (repeatable; one-at-a-time tunes them in this order): "
                         "train.lr=1e-4,3e-4,1e-3 | train.lr=log:1e-4..1e-2:5 | train.weight_decay=lin:0..0.2:3")
@@ -74,7 +74,7 @@ def add_lr_find_parser(dsub):
     q = dsub.add_parser("lr-find", help="LR range test: LR rising exponentially from 1e-7 to 1 from the initial "
                                         "weights; steepest descent, blow-up, suggested peak LR, loss-vs-LR page")
     q.add_argument("--config", required=True)
-    q.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    add_set_argument(q)
     q.add_argument("--steps", type=int, default=200, help="steps of the test (default 200)")
     q.add_argument("--start-lr", type=float, default=1e-7, help="first LR (default 1e-7)")
     q.add_argument("--end-lr", type=float, default=1.0, help="last LR (default 1)")

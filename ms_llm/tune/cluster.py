@@ -9,7 +9,7 @@ the same command prints the next batch; `--collect` writes the table, sweep.json
 import os
 import shlex
 
-from ms_llm.debug.runs import find_runs, flatten, load_run
+from ms_llm.rundir.reader import find_runs, flatten, load_run
 from ms_llm.errors import UserError
 from ms_llm.tune import output, trial as tr
 from ms_llm.tune.results import trial_result

@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from ms_llm.debug.diagnose_common import DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, SMOOTH
+from ms_llm.diagnose.common import DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, SMOOTH
 from ms_llm.errors import UserError
 from ms_llm.fileio import atomic_write_bytes
 

@@ -4,9 +4,9 @@ import math
 import os
 import statistics
 
-from ms_llm.debug.runs import load_run, read_jsonl, summarize
+from ms_llm.rundir.reader import load_run, read_jsonl, summarize
 from ms_llm.tune import trial as tr
-from ms_llm.tune.watch import divergence
+from ms_llm.tune.trial_progress import divergence
 
 
 def trial_result(run_dir, values, metric):

@@ -1,4 +1,4 @@
-"""The practitioner's guide's rules (section 4.4) as checks on a sweep: warnings, never refusals.
+"""The tuning rules of docs/tuning.md as checks on a sweep: warnings, never refusals.
 
 - Warmup is usually 1-3% of the steps.
 - One dimension at a time: a one-at-a-time sweep whose golden start already moves the learning rate and the
@@ -23,7 +23,7 @@ def plan_warnings(spec):
         if not WARMUP_RANGE[0] <= share <= WARMUP_RANGE[1]:
             lo, hi = (max(1, round(f * spec.steps)) for f in WARMUP_RANGE)
             out.append(f"train.warmup_steps = {w} is {100 * share:.1f}% of the {spec.steps} steps of a trial; the "
-                       f"guide (4.4) puts warmup at 1-3% of the steps ({lo}-{hi} here): "
+                       f"common practice (docs/tuning.md) puts warmup at 1-3% of the steps ({lo}-{hi} here): "
                        f"--set train.warmup_steps={round(0.02 * spec.steps) or 1}")
     if spec.strategy == "one-at-a-time":
         out += lr_batch_warnings(spec, base)
@@ -46,7 +46,7 @@ def lr_batch_warnings(spec, base):
     batch = [i for i, k in enumerate(keys) if k in BATCH_KEYS]
     if lr and batch and lr[0] < batch[0]:
         out.append(f"{keys[lr[0]]} is tuned before {keys[batch[0]]}: the best LR found belongs to the golden batch "
-                   f"size, and the peak LR scales with the batch (linearly or as its square root, guide 4.4). Put "
+                   f"size, and the peak LR scales with the batch (linearly or as its square root; docs/tuning.md). Put "
                    f"--vary {keys[batch[0]]} first, or keep --rounds >= 2 so the LR is tuned again at the new batch")
     return out
 

@@ -15,7 +15,7 @@ import time
 
 from ms_llm.tune import trial as tr
 from ms_llm.tune.results import trial_result
-from ms_llm.tune.watch import MetricsView, behind, divergence, last_step, rung_steps, rung_value
+from ms_llm.tune.trial_progress import MetricsView, behind, divergence, last_step, rung_steps, rung_value
 
 POLL_S = 1.0
 

@@ -1,7 +1,7 @@
 """The search strategies, as plain logic over `run_points(list of value dicts) -> list of trial records`:
 
 - grid: every combination of the varied values.
-- one-at-a-time (the guide's coordinate method, section 4.4): from the golden config, vary the first key with
+- one-at-a-time (the coordinate method of docs/tuning.md): from the golden config, vary the first key with
   the others at their golden values, fix its best value, move to the next key; after the last key, go round
   again from the first with the values found, until a round changes nothing or `rounds` is reached. The point
   being improved on (the incumbent) is always one of the candidates, so a key's golden value competes even when

@@ -66,7 +66,7 @@ def finished(run_dir):
             final = json.load(f).get("final") or {}
     except (OSError, ValueError):
         return False
-    from ms_llm.debug.runs import read_config
+    from ms_llm.rundir.reader import read_config
 
     max_steps = (read_config(os.path.join(run_dir, "config.yaml"))[0].get("train") or {}).get("max_steps")
     return bool(final) and max_steps is not None and (final.get("steps") or 0) >= max_steps
@@ -89,7 +89,7 @@ def status(run_dir):
 
 
 def halted(run_dir):
-    from ms_llm.debug.runs import read_jsonl
+    from ms_llm.rundir.reader import read_jsonl
 
     records, _ = read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
     return any(r.get("event") == "halted" for r in records)

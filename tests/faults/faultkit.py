@@ -22,14 +22,14 @@ def sets(*pairs):
 
 
 def train(cfg, run_dir, extra_hooks=()):
-    from ms_llm.extras import hooks_for
+    from ms_llm.run_hooks import hooks_for
     from ms_llm.train.trainer import run
 
     return run(cfg, run_dir=str(run_dir), echo=lambda *a: None, hooks=hooks_for(cfg) + list(extra_hooks))
 
 
 def diagnose(run_dir, **kw):
-    from ms_llm.debug.diagnose import diagnose as diag
+    from ms_llm.diagnose.engine import diagnose as diag
 
     return diag(str(run_dir), **kw)[1]
 

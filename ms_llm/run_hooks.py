@@ -13,11 +13,11 @@ def hooks_for(cfg):
 
         hooks.append(ProfileWindow(mon.profile))
     if mon.nan_check:
-        from ms_llm.debug.watch import NanWatch
+        from ms_llm.debug.training_hooks import NanWatch
 
         hooks.append(NanWatch())
     if mon.tensor_stats is not None:
-        from ms_llm.debug.watch import TensorStats
+        from ms_llm.debug.training_hooks import TensorStats
 
         hooks.append(TensorStats(mon.tensor_stats))
     if cfg.train.anomaly is not None:

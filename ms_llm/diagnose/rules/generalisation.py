@@ -5,8 +5,8 @@ batch x steps / training samples of the dataset's manifest, what `ms-llm data in
 import os
 import statistics
 
-from ms_llm.debug.diagnose_common import Finding, cause, curve, g, points, quoted
-from ms_llm.debug.diagnose_refs import epochs_at, train_samples
+from ms_llm.diagnose.common import Finding, cause, curve, g, points, quoted
+from ms_llm.diagnose.references import epochs_at, train_samples
 
 MIN_EVALS = 3
 RISE_ABS, RISE_REL = 0.02, 0.02   # validation above its best by max(0.02, 2%) at the last two evaluations

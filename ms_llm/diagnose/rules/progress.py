@@ -1,5 +1,5 @@
-"""Is the loss making the progress it should? (`ms-llm diagnose`, rule 3.) Judged against references, not only
-against the first record (ms_llm/debug/diagnose_refs.py):
+"""Is the loss making the progress it should? (`ms-llm diagnose`'s progress rules.) Judged against references, not only
+against the first record (ms_llm/diagnose/references.py):
 
 - a loss at ln(vocab) has learned nothing (`loss_not_falling`);
 - a loss flat at the data's unigram entropy predicts token frequencies and ignores the context (`loss_plateau`);
@@ -8,18 +8,18 @@ against the first record (ms_llm/debug/diagnose_refs.py):
 - a loss flat anywhere above the unigram entropy has stalled (`loss_plateau`);
 - a loss clearly above what sibling runs of the same config reached at the same steps (`behind_siblings`).
 
-The causes of each come with the evidence for them (diagnose_causes.py, diagnose_schedule.py) and, where two fit,
+The causes of each come with the evidence for them (../causes.py, schedule.py) and, where two fit,
 the experiment that tells them apart.
 """
 import statistics
 
-from ms_llm.debug.diagnose_causes import (GRAD_GROWTH, UPDATE_RATIO_LOW, clipping, CLIP_SWING_CV,
+from ms_llm.diagnose.causes import (GRAD_GROWTH, UPDATE_RATIO_LOW, clipping, CLIP_SWING_CV,
                                           describe_update_ratio, grad_growth, lr_experiment, lr_reached, lr_text,
                                           overfit_action, update_ratio)
-from ms_llm.debug.diagnose_common import (FLAT_MIN_STEPS, FLAT_REL_DROP, MIN_RECORDS, UNIFORM_FRAC, Finding, cause,
+from ms_llm.diagnose.common import (FLAT_MIN_STEPS, FLAT_REL_DROP, MIN_RECORDS, UNIFORM_FRAC, Finding, cause,
                                           curve, g, points, quoted)
-from ms_llm.debug.diagnose_refs import late_window, loss_at, siblings, trend, uniform_loss, unigram_entropy
-from ms_llm.debug.diagnose_schedule import SLOW, causes_for
+from ms_llm.diagnose.references import late_window, loss_at, siblings, trend, uniform_loss, unigram_entropy
+from ms_llm.diagnose.rules.schedule import SLOW, causes_for
 
 SLOW_MIN_STEPS = 200     # a loss still above the unigram entropy this late (and past 2x warmup) is slow
 UNIGRAM_BAND = 0.04      # flat within 4% of the unigram entropy: the context-free level
@@ -253,7 +253,7 @@ def spread_of(vals):
 
 
 def env_differences(run, other):
-    from ms_llm.debug.runs import ENV_KEYS, changed, flatten
+    from ms_llm.rundir.reader import ENV_KEYS, changed, flatten
 
     a = flatten({k: run.info.get(k) for k in ENV_KEYS if k in run.info and k != "host"})
     b = flatten({k: other.info.get(k) for k in ENV_KEYS if k in other.info and k != "host"})

@@ -13,7 +13,7 @@ import math
 import os
 import statistics
 
-from ms_llm.debug.diagnose_common import finite, g, points, quoted
+from ms_llm.diagnose.common import finite, g, points, quoted
 
 UPDATE_RATIO_LOW = 1e-3     # the largest record's median per-step ||dw||/||w|| of the weight matrices below this:
                             # LR too low (healthy runs here peak at 5e-3 - 2e-2; LR/100 at 3e-4)
@@ -90,25 +90,8 @@ def lr_experiment(run, steps=100):
                    f"train.max_steps={steps} --set train.lr={new_lr:.3g}{floor}{extra}")
     out.append(f"then ms-llm runs {quoted(os.path.dirname(base) or '.')} (or ms-llm compare-curves {dirs[0]} "
                f"{dirs[1]}): the run with the lower loss at step {steps} says which way train.lr should move")
-    if lr_find_available():
-        out.append(f"or the LR range test: ms-llm debug lr-find --config {cfg}")
+    out.append(f"or the LR range test: ms-llm debug lr-find --config {cfg}")
     return out
-
-
-def lr_find_available():
-    """Whether this ms_llm has the LR range test (`ms-llm debug lr-find`, from the sweep work)."""
-    import argparse
-
-    def subcommands(parser):
-        return next((a.choices for a in parser._actions if isinstance(a, argparse._SubParsersAction)), {})
-
-    try:
-        from ms_llm.cli import build_parser
-
-        debug = subcommands(build_parser()).get("debug")
-    except Exception:  # noqa: BLE001 (no parser, no suggestion)
-        return False
-    return debug is not None and "lr-find" in subcommands(debug)
 
 
 def overfit_action(run):

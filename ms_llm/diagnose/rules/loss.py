@@ -1,15 +1,15 @@
-"""Rules 1, 2, 4 and 5 of `ms-llm diagnose`: what the loss curve says (non-finite values, divergence, suspicious
-labels, spikes). Rule 3 (progress against references) is in diagnose_progress.py."""
+"""`ms-llm diagnose` rules on what the loss curve says (non-finite values, divergence, suspicious
+labels, spikes). Progress against references is in progress.py."""
 import math
 import statistics
 
-from ms_llm.debug.diagnose_common import (DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, EXPLODE_FACTOR, Finding,
+from ms_llm.diagnose.common import (DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, EXPLODE_FACTOR, Finding,
     MIN_RECORDS, OVERFLOW_SHARE, SMOOTH, SPIKE_MIN_WINDOW, SPIKE_REL, SPIKE_WINDOW, SPIKE_Z, STUCK_TRAIN_DROP,
     STUCK_VAL, UNIFORM_MARGIN, VAL_GAP_ABS, VAL_GAP_REL, ZERO_LOSS, cause, curve, early_median, first_nonfinite_step,
     g, lr_actions, nonfinite, points, quoted, steps_text)
-from ms_llm.debug.diagnose_schedule import UNSTABLE, causes_for
+from ms_llm.diagnose.rules.schedule import UNSTABLE, causes_for
 
-# --- 1. NaN / Inf --------------------------------------------------------------------------------------
+# --- NaN / Inf --------------------------------------------------------------------------------------
 
 def rule_nonfinite(run, found, _):
     bad = [r for r in run.train if nonfinite(r.get("loss"))]
@@ -71,7 +71,7 @@ def rule_nonfinite_val(run):
                      "check data.dataset_dir's manifest.json: vocab_size and tokenizer match the model"], bad[:1])]
 
 
-# --- 2. divergence -------------------------------------------------------------------------------------
+# --- divergence -------------------------------------------------------------------------------------
 
 def smoothed(pts):
     """Trailing median of SMOOTH records: the minimum of a noisy curve is itself noise, a median's is not."""
@@ -145,10 +145,10 @@ def rule_divergence(run, found, _):
                     f"value by step {top[0]}", ev, causes, actions, [top[0]])]
 
 
-# --- 3. loss not falling: ms_llm/debug/diagnose_progress.py -------------------------------------------
+# --- loss not falling: progress.py --------------------------------------------------------------------
 
 
-# --- 4. suspicious labels ------------------------------------------------------------------------------
+# --- suspicious labels ------------------------------------------------------------------------------
 
 def rule_labels(run, found, _):
     pts, evals = curve(run), points(run.evals, "val_loss")
@@ -203,7 +203,7 @@ def rule_labels(run, found, _):
                     causes, actions, steps)]
 
 
-# --- 5. loss spikes ------------------------------------------------------------------------------------
+# --- loss spikes ------------------------------------------------------------------------------------
 
 def noise_scale(values, centre):
     """Standard deviation of `values` that ignores their 10% largest deviations (earlier spikes, the steep first

@@ -17,7 +17,7 @@ import tempfile
 import numpy as np
 
 from ms_llm.errors import UserError
-from ms_llm.interop import mindformers_names as names
+from ms_llm.interop.mindformers import names
 
 ORIGIN = "mindformers_origin.json"
 MS_DTYPES = ("float32", "float16", "bfloat16")
@@ -70,14 +70,14 @@ def model_config(path):
     from ms_llm.config import from_dict, load_config
     from ms_llm.config.loader import read_yaml
     from ms_llm.config.validate import validate_config
-    from ms_llm.interop.mindformers_detect import looks_like_mindformers
+    from ms_llm.interop.mindformers.detect import looks_like_mindformers
 
     if not path:
         raise UserError("--from-mindformers needs --config: the model's config (an ms_llm config, e.g. one written "
                         "by --from-mindformers-config, or the MindFormers YAML itself) gives the shapes.")
     raw = read_yaml(path)
     if looks_like_mindformers(raw):
-        from ms_llm.interop.mindformers_config import import_config
+        from ms_llm.interop.mindformers.config import import_config
 
         ours, _, _ = import_config(raw, path=f"'{path}'")
         cfg = validate_config(from_dict(ours))
@@ -102,7 +102,7 @@ def from_mindformers(src, config_path, out_dir, fused_layout=None, strategy=None
         raise UserError(f"'{out_dir}' already holds a converted model (config.yaml). Choose another --output.")
     with tempfile.TemporaryDirectory(prefix="ms_llm_mf_") as work:
         if os.path.isdir(src):
-            from ms_llm.interop.mindformers_shards import merge_rank_shards
+            from ms_llm.interop.mindformers.shards import merge_rank_shards
 
             path = merge_rank_shards(src, strategy, work, log)
         elif os.path.isfile(src):

@@ -1,6 +1,6 @@
 """MindFormers `model.model_config` / `model.arch` → our `model` section and compute dtype (one row per key)."""
 from ms_llm.errors import UserError
-from ms_llm.interop.mindformers_table import num
+from ms_llm.interop.mindformers.table import num
 
 # LlamaConfig's defaults (mindformers/models/llama/llama_config.py) for keys a file may leave out.
 MF_MODEL_DEFAULTS = {"seq_length": 2048, "hidden_size": 4096, "num_layers": 32, "num_heads": 32, "vocab_size": 32000,

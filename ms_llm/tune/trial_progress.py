@@ -1,16 +1,16 @@
 """Reading a running trial's metrics.jsonl: has it diverged (the rule `ms-llm diagnose` applies), and where does
 it stand at the successive-halving rungs.
 
-Divergence is `diagnose`'s own verdict (rule_nonfinite, rule_divergence in ms_llm/debug/diagnose_loss.py), applied
+Divergence is `diagnose`'s own verdict (rule_nonfinite, rule_divergence in ms_llm/diagnose/rules/loss.py), applied
 to the records written so far, so a trial the sweep stops is one `ms-llm diagnose` calls diverged, and the
 thresholds stay documented in one place (docs/debugging.md).
 """
 import os
 import statistics
 
-from ms_llm.debug.diagnose_common import finite
-from ms_llm.debug.diagnose_loss import rule_divergence, rule_nonfinite
-from ms_llm.debug.runs import load_run
+from ms_llm.diagnose.common import finite
+from ms_llm.diagnose.rules.loss import rule_divergence, rule_nonfinite
+from ms_llm.rundir.reader import load_run
 
 # Successive halving: rungs at these fractions of the trial's steps. A trial is stopped at a rung when it is in
 # the worse half of the trials that reached it AND its training loss is more than MARGIN above the best one's:

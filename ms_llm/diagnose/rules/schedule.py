@@ -11,10 +11,10 @@ the first cause of that finding; otherwise it is a note.
 import math
 from dataclasses import dataclass
 
-from ms_llm.debug.diagnose_causes import grad_rms, lr_reached
-from ms_llm.debug.diagnose_common import Finding, cause, g
+from ms_llm.diagnose.causes import grad_rms, lr_reached
+from ms_llm.diagnose.common import Finding, cause, g
 
-WARMUP_SHARE = 0.5          # warmup over half the run (the guide: 1-3% of the steps)
+WARMUP_SHARE = 0.5          # warmup over half the run (common practice: 1-3% of the steps, docs/tuning.md)
 DECAY_EARLY, DECAY_LATE = 0.5, 1.5   # decay ending before 50% or after 150% of max_steps
 MIN_LR_LOW = 0.2            # a decay that ends early matters when min_lr is below 20% of lr
 WD_MAX, WD_STEP_SHARE = 1.0, 0.1  # weight decay above 1 (outside practice); strong when wd x init_std >= 0.1

@@ -16,7 +16,7 @@ import os
 import statistics
 from dataclasses import dataclass
 
-from ms_llm.debug.diagnose_common import cache_dir, finite, points
+from ms_llm.diagnose.common import cache_dir, finite, points
 
 UNIGRAM_MAX_TOKENS = 20_000_000  # counted from the dataset when the manifest has no entropy (a few seconds)
 SIBLINGS_MAX = 200               # run folders looked at next to the run
@@ -186,7 +186,7 @@ def count_unigram_entropy(d, m):
 # --- sibling runs -------------------------------------------------------------------------------------
 
 def training_key(config):
-    from ms_llm.debug.runs import flatten
+    from ms_llm.rundir.reader import flatten
 
     return {k: v for k, v in flatten(config).items() if not k.startswith(NOT_TRAINING)}
 
@@ -194,7 +194,7 @@ def training_key(config):
 def siblings(run):
     """Other runs in the run's folder whose config differs from this one's only in keys that do not change the
     computation (seed, logging, checkpoints, monitors), with at least one training record."""
-    from ms_llm.debug.runs import is_run_dir, load_run, read_config
+    from ms_llm.rundir.reader import is_run_dir, load_run, read_config
     from ms_llm.fileio import run_config_path
 
     if not run.config:

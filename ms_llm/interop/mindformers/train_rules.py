@@ -1,7 +1,7 @@
 """MindFormers batch, parallel layout, recompute, LR schedule, optimizer and loss-scale keys → our `train`,
 `parallel_config`, `recompute_config` and `precision` sections (one row per key)."""
 from ms_llm.errors import UserError
-from ms_llm.interop.mindformers_table import num
+from ms_llm.interop.mindformers.table import num
 
 # Optimizer defaults by type: (beta1, beta2, eps, weight_decay).
 MF_OPTIMIZERS = {"AdamW": (0.9, 0.999, 1e-8, 0.0), "adamw": (0.9, 0.999, 1e-8, 0.0),

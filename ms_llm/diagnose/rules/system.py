@@ -1,18 +1,18 @@
-"""Rules 6-12 of `ms-llm diagnose`: throughput, loss scaling, memory (near the limit, growing), clipping, tensor
+"""`ms-llm diagnose` rules on the run as a system: throughput, loss scaling, memory (near the limit, growing), clipping, tensor
 statistics flags and events."""
 import statistics
 
-from ms_llm.debug.diagnose_common import (CLIP_RATIO, CLIP_SHARE, DATA_WAIT_FRAC, Finding, LOW_MFU,
+from ms_llm.diagnose.common import (CLIP_RATIO, CLIP_SHARE, DATA_WAIT_FRAC, Finding, LOW_MFU,
     LOW_MFU_MIN_HIDDEN, MEMORY_FRAC, MIN_RECORDS, OVERFLOW_MIN, OVERFLOW_SHARE, SCALE_DROPS_MIN, SCALE_DROPS_SHARE,
     SLOW_FRAC, SLOW_MIN_RECORDS, SLOW_SHARE, cause, finite, g, lr_actions, points, quoted, steps_text)
-from ms_llm.debug.diagnose_device import contention_text, host_contention
+from ms_llm.diagnose.rules.device import contention_text, host_contention
 
 CONTENDED_SHARE = 0.75   # slow records that coincide with host load: host contention, a note
 MEM_GROWTH_ABS, MEM_GROWTH_REL = 0.05, 0.10  # memory growing by 50 MiB and 10% (first third → last third) ...
 MEM_STEP_GIB, MEM_RISING = 0.5 / 1024, 0.5   # ... rising by > 0.5 MiB in half of the intervals ...
 MEM_ONE_JUMP, MEM_LATE = 0.5, 0.2            # ... no interval holding half the growth, 20% of it in the last third
 
-# --- 6. throughput -------------------------------------------------------------------------------------
+# --- throughput -------------------------------------------------------------------------------------
 
 def steady(run, key):
     """(step, value) of `key` without the first log record, which carries the warm-up, and without the records
@@ -118,7 +118,7 @@ def rule_uneven(run, found, _):
 
 
 def _telemetry_loads(run):
-    from ms_llm.debug.diagnose_device import telemetry
+    from ms_llm.diagnose.rules.device import telemetry
 
     return (s for s in telemetry(run) if isinstance(s.get("load1"), (int, float)))
 
@@ -149,7 +149,7 @@ def rule_low_mfu(run, found, _):
     return [Finding("low_mfu", "warning", f"low MFU: {100 * med:.1f}%", ev, causes, actions)]
 
 
-# --- 7. loss-scale overflows ---------------------------------------------------------------------------
+# --- loss-scale overflows ---------------------------------------------------------------------------
 
 def rule_loss_scale(run, found, _):
     recs = run.train
@@ -182,7 +182,7 @@ def rule_loss_scale(run, found, _):
     return [Finding("loss_scale", "warning", "frequent loss-scale overflows", ev, causes, actions, drops[:10])]
 
 
-# --- 9. memory -----------------------------------------------------------------------------------------
+# --- memory -----------------------------------------------------------------------------------------
 
 def rule_memory(run, found, limit):
     mems = points(run.train, "mem_gib")
@@ -210,7 +210,7 @@ def rule_memory(run, found, limit):
                     [at] if at else [])]
 
 
-# --- 10. gradients always clipped ----------------------------------------------------------------------
+# --- gradients always clipped ----------------------------------------------------------------------
 
 def rule_always_clipped(run, found, _):
     clip = run.cfg("train.clip_grad", 0)
@@ -293,7 +293,7 @@ def rule_memory_growth(run, found, limit):
                     f"{s1 - s0} steps", ev, causes, actions, [s0, s1])]
 
 
-# --- 11. stats.jsonl -----------------------------------------------------------------------------------
+# --- stats.jsonl -----------------------------------------------------------------------------------
 
 def branch(name):
     """The residual branch a parameter belongs to: layers.1.mlp.up.weight and layers.1.mlp_norm.weight are both
@@ -399,7 +399,7 @@ def rule_stats(run, found, _):
     return out
 
 
-# --- 12. events ----------------------------------------------------------------------------------------
+# --- events ----------------------------------------------------------------------------------------
 
 def rule_events(run, found, _):
     out = []

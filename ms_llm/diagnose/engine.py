@@ -1,30 +1,30 @@
 """`ms-llm diagnose RUN`: symptoms in a run's metrics → evidence → likely causes → actions.
 
-Each rule reads the parsed run (`ms_llm.debug.runs.Run`) and the findings of the rules before it, and returns a
+Each rule reads the parsed run (`ms_llm.rundir.reader.Run`) and the findings of the rules before it, and returns a
 list of `Finding`s or None:
 
-  diagnose_loss.py            NaN/Inf, divergence, suspicious labels, spikes
-  diagnose_progress.py        progress against references (ln V, unigram entropy, sibling runs; diagnose_refs.py)
-  diagnose_generalisation.py  validation rising / gap widening, with the best step and epochs
-  diagnose_system.py          throughput, loss scale, memory, clipping, tensor-statistics flags, events
-  diagnose_device.py          temperature, host contention, unsupported operators and OOM in logs/, speedup
-  diagnose_schedule.py        schedule and optimizer settings: findings when the curve shows them, else notes
+  rules/loss.py            NaN/Inf, divergence, suspicious labels, spikes
+  rules/progress.py        progress against references (ln V, unigram entropy, sibling runs; references.py)
+  rules/generalisation.py  validation rising / gap widening, with the best step and epochs
+  rules/system.py          throughput, loss scale, memory, clipping, tensor-statistics flags, events
+  rules/device.py          temperature, host contention, unsupported operators and OOM in logs/, speedup
+  rules/schedule.py        schedule and optimizer settings: findings when the curve shows them, else notes
 
-Causes carry a confidence (diagnose_common.cause) from the evidence for them (diagnose_causes.py). The thresholds
+Causes carry a confidence (common.cause) from the evidence for them (causes.py). The thresholds
 are module constants, each documented (with the reason for its value) in docs/debugging.md; they were set so that
 healthy runs produce no finding at all.
 """
 import os
 
-from ms_llm.debug.diagnose_common import SEVERITY_ORDER, memo_clear, memory_limit_gib
-from ms_llm.debug.diagnose_device import rule_logs, rule_speedup, rule_temperature, scan_logs
-from ms_llm.debug.diagnose_generalisation import rule_generalisation
-from ms_llm.debug.diagnose_loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes
-from ms_llm.debug.diagnose_progress import rule_progress, rule_siblings
-from ms_llm.debug.diagnose_schedule import rule_schedule
-from ms_llm.debug.diagnose_system import (rule_always_clipped, rule_data_wait, rule_events, rule_loss_scale,
+from ms_llm.diagnose.common import SEVERITY_ORDER, memo_clear, memory_limit_gib
+from ms_llm.diagnose.rules.device import rule_logs, rule_speedup, rule_temperature, scan_logs
+from ms_llm.diagnose.rules.generalisation import rule_generalisation
+from ms_llm.diagnose.rules.loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes
+from ms_llm.diagnose.rules.progress import rule_progress, rule_siblings
+from ms_llm.diagnose.rules.schedule import rule_schedule
+from ms_llm.diagnose.rules.system import (rule_always_clipped, rule_data_wait, rule_events, rule_loss_scale,
                                           rule_low_mfu, rule_memory, rule_memory_growth, rule_stats, rule_uneven)
-from ms_llm.debug.runs import load_run
+from ms_llm.rundir.reader import load_run
 from ms_llm.errors import UserError
 
 

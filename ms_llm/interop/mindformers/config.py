@@ -13,10 +13,10 @@ Values that change meaning are converted and the conversion is stated in the row
 import os
 
 from ms_llm.errors import UserError
-from ms_llm.interop import mindformers_model_rules as model_rules
-from ms_llm.interop import mindformers_run_rules as run_rules
-from ms_llm.interop import mindformers_train_rules as train_rules
-from ms_llm.interop.mindformers_table import Ledger, format_table, summary_counts
+from ms_llm.interop.mindformers import model_rules
+from ms_llm.interop.mindformers import run_rules
+from ms_llm.interop.mindformers import train_rules
+from ms_llm.interop.mindformers.table import Ledger, format_table, summary_counts
 
 
 def import_config(raw, samples=None, devices=None, path="the config"):
@@ -44,7 +44,7 @@ def convert_config(src, out, samples=None, devices=None, log=print):
     from ms_llm.config import from_dict
     from ms_llm.config.loader import read_yaml
     from ms_llm.config.validate import validate_config
-    from ms_llm.parallel.memory import ModelShape
+    from ms_llm.parallel.shapes import ModelShape
 
     if samples is not None and samples <= 0:
         raise UserError(f"--samples = {samples} must be the (positive) number of training samples in the dataset.")

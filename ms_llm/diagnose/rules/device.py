@@ -1,4 +1,4 @@
-"""The guide's device rows (`ms-llm diagnose`): device temperature and throttling, host contention (both from
+"""Device and host rules of `ms-llm diagnose`: device temperature and throttling, host contention (both from
 telemetry.jsonl), operators the device does not support and out-of-memory errors (MindSpore's and CANN's messages
 in the run's logs/), and multi-card speedup against a single-rank sibling run."""
 import glob
@@ -6,7 +6,7 @@ import os
 import re
 import statistics
 
-from ms_llm.debug.diagnose_common import Finding, cause, points
+from ms_llm.diagnose.common import Finding, cause, points
 
 HOT_C = 85.0            # sustained device temperature at or above this (Ascend/GPU throttle in the 85-95 C range)
 HOT_SHARE, HOT_MIN = 0.5, 3  # ... in half of the samples (at least 3)
@@ -19,7 +19,7 @@ LOG_BYTES = 4 << 20     # the last 4 MiB of each log file are searched
 # --- telemetry.jsonl -------------------------------------------------------------------------------------
 
 def telemetry(run):
-    from ms_llm.debug.runs import read_jsonl
+    from ms_llm.rundir.reader import read_jsonl
 
     recs, _ = read_jsonl(os.path.join(run.path, "telemetry.jsonl"))
     return [r for r in recs if "event" not in r and isinstance(r.get("time"), (int, float))]
@@ -101,8 +101,8 @@ def rule_temperature(run, found, _):
         ev.append(f"during the slow records (steps {', '.join(map(str, sorted(slow)[:8]))}) the devices ran at "
                   f"{hot_slow[0]:.0f} C, {hot_slow[0] - hot_slow[1]:.0f} C hotter than during the others: throttling "
                   f"coincides with the slow steps")
-    causes = [cause("cooling: fans, airflow or the machine room's temperature (the guide: check the heat sink and "
-                    "the room)", "high" if sustained else "medium"),
+    causes = [cause("cooling: fans, airflow or the machine room's temperature (check the heat sink and the "
+                    "room)", "high" if sustained else "medium"),
               cause("power capping or throttling by the driver under sustained load", "medium")]
     actions = ["npu-smi info (or nvidia-smi -q -d TEMPERATURE,PERFORMANCE) for throttle reasons and fan state",
                "check the cooling system; lower the load (fewer concurrent jobs) until it is fixed",
@@ -260,7 +260,7 @@ def steady_median(run):
 
 
 def single_rank_sibling(run):
-    from ms_llm.debug.runs import is_run_dir, load_run
+    from ms_llm.rundir.reader import is_run_dir, load_run
 
     parent = os.path.dirname(os.path.abspath(run.path))
     keys = ("model", "train.micro_batch_size", "precision.compute_dtype")

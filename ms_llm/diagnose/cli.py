@@ -1,0 +1,31 @@
+"""The `diagnose` subcommand; `add_parsers(subparsers)` registers it on ms_llm.cli's parser.
+
+Exit codes: 0 = no findings (info notes allowed), 1 = findings (so `ms-llm diagnose` can gate CI),
+2 = bad input (a UserError, printed by the caller as one paragraph).
+"""
+import json
+
+
+def cmd_diagnose(args):
+    from ms_llm.diagnose.engine import diagnose, exit_code, format_report
+
+    run, findings = diagnose(args.run, args.device_memory, args.logs)
+    code = exit_code(findings)
+    print(format_report(args.run, run, findings), flush=True)
+    if args.json:
+        print(json.dumps({"run": args.run, "exit_code": code, "findings": [f.to_dict() for f in findings]},
+                         default=str), flush=True)
+    return code
+
+
+def add_parsers(subparsers):
+    p = subparsers.add_parser("diagnose", help="symptoms in a run's metrics → likely causes → actions "
+                                               "(exit 1 when something is found)")
+    p.add_argument("run", metavar="RUN", help="a run directory (holds metrics.jsonl)")
+    p.add_argument("--device-memory", metavar="SIZE",
+                   help="per-device memory limit for the memory rule, e.g. 64GB (default: "
+                        "context.max_device_memory; 0.9 x this machine's RAM for CPU runs)")
+    p.add_argument("--logs", metavar="DIR", help="another folder of the run's logs, e.g. msrun's --log_dir (read "
+                                                 "besides RUN/logs and RUN_logs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.set_defaults(func=cmd_diagnose)
