@@ -63,8 +63,8 @@ class StepState(nn.Cell):
     def __init__(self, params, precision, accum, lr_table):
         super().__init__(auto_prefix=False)
         self.lr_scale = Parameter(initializer(1.0, (), ms.float32), name="lr_scale")  # lowered by rollbacks
-        self.watch_count = Parameter(initializer(0, (), ms.int32), name="anomaly_count")
-        self.watch_stats = Parameter(initializer(0, (4,), ms.float32), name="anomaly_stats")  # EMA mean/var x2
+        self.anomaly_count = Parameter(initializer(0, (), ms.int32), name="anomaly_count")
+        self.anomaly_stats = Parameter(initializer(0, (4,), ms.float32), name="anomaly_stats")  # EMA mean/var x2
         init_scale = precision.init_scale if precision.loss_scale != "none" else 1.0
         self.loss_scale = Parameter(initializer(init_scale, (), ms.float32), name="loss_scale")
         self.good_steps = Parameter(initializer(0, (), ms.int32), name="good_steps")
@@ -93,7 +93,7 @@ class AccumulateStep(nn.Cell):
 
 
 class TrainStep(nn.Cell):
-    """The last micro-batch of a step plus the update. Returns (loss, grad_norm, overflow, loss_scale)."""
+    """The last micro-batch of a step plus the update. Returns (loss, grad_norm, code, loss_scale); code: 0 applied, 1 skipped (non-finite), 2 skipped by the anomaly guard."""
 
     def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, lr_table=None, anomaly=None,
                  backend=PORTABLE):
@@ -171,19 +171,19 @@ class TrainStep(nn.Cell):
         """z-score of grad norm and loss against exponential moving statistics over ~`window` accepted steps;
         the statistics only absorb steps that were accepted, so a run of spikes cannot normalise itself."""
         st = self.state
-        stats = st.watch_stats.value()
+        stats = st.anomaly_stats.value()
         x = ops.stack([grad_norm, loss.astype(ms.float32)])
         mean, var = stats[0::2], stats[1::2]
         z = (x - mean) / ops.sqrt(var + 1e-12)
-        warm = st.watch_count >= self.window
+        warm = st.anomaly_count >= self.window
         spike = warm & ((z[0] > self.zscore) | (z[1] > self.zscore))
-        a = ops.select(st.watch_count == 0, ops.ones((), ms.float32), ops.ones((), ms.float32) * self.ema)
+        a = ops.select(st.anomaly_count == 0, ops.ones((), ms.float32), ops.ones((), ms.float32) * self.ema)
         new_mean = mean + a * (x - mean)
         new_var = (1 - a) * (var + a * (x - mean) * (x - mean))
         accept = ops.isfinite(x).all() & ops.logical_not(spike)
         new_stats = ops.stack([new_mean[0], new_var[0], new_mean[1], new_var[1]])
-        ops.assign(st.watch_stats, ops.select(accept, new_stats, stats))
-        ops.assign(st.watch_count, st.watch_count + ops.select(accept, ops.ones((), ms.int32),
+        ops.assign(st.anomaly_stats, ops.select(accept, new_stats, stats))
+        ops.assign(st.anomaly_count, st.anomaly_count + ops.select(accept, ops.ones((), ms.int32),
                                                                ops.zeros((), ms.int32)))
         return spike
 
