@@ -201,6 +201,25 @@ def test_divergence_is_diagnoses_verdict(tmp_path):
     assert divergence(load_run(nan)).id == "loss_nonfinite"
 
 
+def test_the_sweep_watcher_remembers_nothing_between_reads(tmp_path):
+    """The watcher re-reads every trial's records for hours: the points memo of diagnose must not grow with them
+    (it lives for one diagnosis only), while a diagnosis itself still reuses them."""
+    from ms_llm.diagnose import common
+    from ms_llm.rundir.reader import load_run
+    from ms_llm.tune.trial_progress import divergence
+
+    path = write_curve(tmp_path / "ok", [4.0 - 0.1 * i for i in range(12)])
+    for _ in range(5):  # five re-reads of a growing trial
+        assert divergence(load_run(path)) is None
+        assert common._MEMO is None
+    run, calls = load_run(path), []
+    with common.memoised():
+        for _ in range(3):
+            common._memo(run.train, "probe", lambda: calls.append(1))
+        assert len(common._MEMO) == 1
+    assert calls == [1] and common._MEMO is None
+
+
 def test_successive_halving_verdict():
     from ms_llm.tune.trial_progress import behind
 

@@ -16,7 +16,7 @@ healthy runs produce no finding at all.
 """
 import os
 
-from ms_llm.diagnose.common import SEVERITY_ORDER, memo_clear, memory_limit_gib
+from ms_llm.diagnose.common import SEVERITY_ORDER, memoised, memory_limit_gib
 from ms_llm.diagnose.rules.device import rule_logs, rule_speedup, rule_temperature, scan_logs
 from ms_llm.diagnose.rules.generalisation import rule_generalisation
 from ms_llm.diagnose.rules.loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes
@@ -55,13 +55,10 @@ def diagnose(run_dir, device_memory=None, logs=None):
                         f"logs/ and the console output of 'ms-llm train' for the error.")
     limit = memory_limit_gib(device_memory, run)
     found = {}
-    memo_clear()
-    try:
+    with memoised():
         for rule in RULES:
             for f in rule(run, found, limit) or []:
                 found[f.id] = f
-    finally:
-        memo_clear()
     return run, sorted(found.values(), key=lambda f: SEVERITY_ORDER[f.severity])
 
 

@@ -46,6 +46,21 @@ class Run:
             node = node[key]
         return node
 
+    def section(self, name):
+        """Section `name` of the run's config as its typed dataclass: the run's values where they read as this
+        version's schema says, the schema's defaults for the rest (a config an older version wrote still reads,
+        and no reader restates a default of its own)."""
+        from ms_llm.config.loader import SECTIONS, build_section
+
+        readable = {}
+        for key, value in (self.config.get(name) or {}).items():
+            try:
+                build_section(name, SECTIONS[name], {key: value})
+                readable[key] = value
+            except UserError:
+                pass
+        return build_section(name, SECTIONS[name], readable)
+
     @property
     def max_steps(self):
         return self.cfg("train.max_steps")
