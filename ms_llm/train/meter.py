@@ -13,11 +13,11 @@ def as_floats(out):
 
 
 class IntervalMeter:
-    def __init__(self, tokens_per_step, flops_per_token, peak_flops, world_size, start_step, max_steps):
+    def __init__(self, tokens_per_step, flops_per_token, peak_flops, world_size, start_step, max_steps, t_start=None):
         self.tokens_per_step, self.flops_per_token = tokens_per_step, flops_per_token
         self.peak_flops, self.world_size = peak_flops, world_size
         self.start_step, self.max_steps = start_step, max_steps
-        self.t_start = time.time()
+        self.t_start = time.time() if t_start is None else t_start  # elapsed_s counts from here
         self.pending = []  # step outputs of the interval (tensors until the interval's one host sync)
         self.skipped = 0  # skipped updates since the run began (carried through checkpoints)
         self.compile_s = None

@@ -53,7 +53,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
 
     writer = MetricsWriter(plan.run_dir, rt.rank, t.max_steps, cfg.monitor, echo=log)
     saver = CheckpointSaver(plan.run_dir, plan.ckpt_rank, cfg.checkpoint, log)
-    meter = IntervalMeter(s.tokens_per_step, s.flops_per_token, s.peak_flops, rt.world_size, start, t.max_steps)
+    meter = IntervalMeter(s.tokens_per_step, s.flops_per_token, s.peak_flops, rt.world_size, start, t.max_steps,
+                          t_start=writer.t_start)
     meter.restore(host)
     skips = SkippedSteps(cfg.precision)
     skips.resume(float(s.step_fn.state.loss_scale.asnumpy()))
