@@ -178,3 +178,44 @@ def test_first_step_records_compare_with_a_tolerance_only_devices_need():
     assert first_difference(rec, dict(rec, change=[["w", -6e-4, -1.2e-3]])).startswith("change")
     assert first_difference(rec, dict(rec, outputs=[4.2, 0.75, 0.0, 65536.0])).startswith("outputs")
     assert first_difference(rec, dict(rec, outputs=[4.2 * (1 + 1e-6), 1.5, 0.0, 65536.0])) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["benchmark", "--steps", "3", "--warmup", "0"],
+                                     ["debug", "lr-find", "--steps", "20"],
+                                     ["debug", "overfit", "--steps", "12", "--samples", "8"]],
+                         ids=["benchmark", "lr-find", "overfit"])
+def test_every_driver_recovers_from_an_entry_that_does_not_reproduce_its_first_step(dataset, tmp_path, cache,
+                                                                                      command):
+    """Every command that trains goes through the session's first step, which discards a stale entry and starts
+    over uncached: the second run of each, its entry's record planted wrong, warns once and gives the first's
+    result. (`doctor` trains with the compile cache off.)"""
+    args = tiny_train_args(dataset, "unused")
+    sets = [a for i, a in enumerate(args) if a == "--set" or (i and args[i - 1] == "--set")]
+    if command[0] == "debug" and command[1] == "lr-find":
+        command = command + ["--output-dir", str(tmp_path / "lr")]
+    full = [*command, "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"), *sets]
+
+    def run(out_dir=None):
+        if out_dir:
+            full[full.index("--output-dir") + 1] = out_dir
+        proc = ms_llm(*full, env=cache)
+        assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]  # overfit: 1 = did not pass
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    first = run()
+    entry = re.search(r"compile cache: filling (\S+)", first).group(1)
+    record = os.path.join(entry, "rank_0", "first_step.json")
+    with open(record) as f:
+        rec = json.load(f)
+    rec["outputs"][0] += 1.0  # the loss it "had": a graph of something else
+    with open(record, "w") as f:
+        json.dump(rec, f)
+    second = run(str(tmp_path / "lr2") if "--output-dir" in full else None)
+    assert "compile cache: reusing" in second
+    warnings = [line for line in second.splitlines() if line.startswith("warning")]
+    assert len(warnings) == 1 and "did not reproduce the first step" in warnings[0], second
+    assert not os.path.isdir(os.path.join(entry, "rank_0"))  # discarded
+    if command[1] == "overfit":  # the same numbers as the first, uncached-from-the-start run
+        assert re.search(r"curve: .*", first).group(0) == re.search(r"curve: .*", second).group(0)

@@ -8,7 +8,7 @@ import pytest
 
 from conftest import ROOT, ms_llm
 from ms_llm.config import load_config
-from ms_llm.parallel.layout import resolve_layout
+from ms_llm.train.resolve import resolve
 from ms_llm.errors import UserError
 from ms_llm.parallel.layout import balanced_stages, build_plan
 
@@ -147,7 +147,7 @@ def test_pipeline_bubble_warning_below_four_micro_batches_per_stage():
 def test_cpu_refuses_model_and_pipeline_parallel_and_optimizer_sharding():
     for o in ("parallel_config.model_parallel=2", "parallel_config.optimizer_shard=true"):
         with pytest.raises(UserError, match="needs Ascend or GPU devices; on CPU only data parallelism runs"):
-            resolve_layout(cfg(o), 2, "CPU")
+            resolve(cfg(o), 2, "CPU")
 
 
 def test_shard_model_applies_the_plan_by_name():

@@ -1,8 +1,8 @@
 """Checks that need more than one field, and values derived from several fields.
 
 `validate_config` runs on every load: static checks, and the values derived from the config alone (key/value
-heads, FFN width). Values that depend on the launch (data-parallel size: ms_llm.parallel.layout.resolve_layout)
-or on the data (vocabulary: `check_against_dataset`) are resolved into new Config objects; a loaded config is
+heads, FFN width). Values that depend on the launch (data-parallel size) and the data (vocabulary) are filled in
+once, by ms_llm.train.resolve (with `check_against_dataset` here), into new Config objects; a loaded config is
 never changed (its sections are frozen dataclasses).
 """
 from dataclasses import replace

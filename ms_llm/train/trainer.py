@@ -14,7 +14,7 @@ from ms_llm.config import save_config
 from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
-from ms_llm.parallel.layout import resolve_layout
+from ms_llm.parallel.layout import uses_semi_auto
 from ms_llm.train import compile_cache
 from ms_llm.rundir import writer as rd
 from ms_llm.train.context import all_ranks_ok, launch_world_size, select_device, setup_context
@@ -26,53 +26,53 @@ from ms_llm.train.preemption import Preemption
 from ms_llm.train.resume import keep_metrics_until, load_initial_weights, resume_from
 from ms_llm.train.run_log import RunLog
 from ms_llm.train.run_plan import plan_run
+from ms_llm.train.resolve import check_launch
 from ms_llm.train.session import open_session
 from ms_llm.train.skipped_steps import RunHalted, SkippedSteps
 
 
 def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_only=False, hooks=()):
     """Train as `cfg` says (resuming `run_dir` when asked). Returns a summary dict on every rank."""
-    # The layout is checked before this process joins the others: a config the launch cannot run is refused
-    # by every rank at once (and by msrun's scheduler process), before any of them waits for another.
-    layout = resolve_layout(cfg, launch_world_size(), select_device(cfg.context))
+    # A config the launch cannot run is refused by every rank at once (and by msrun's scheduler process), before
+    # any of them waits for another.
+    check_launch(cfg, launch_world_size(), select_device(cfg.context))
     rt = setup_context(cfg.context)
     log = RunLog(echo, rt.rank)
-    plan = plan_run(layout[0], rt, layout[1], run_dir, resume, weights_only, config_path, log)
-    s = open_session(cfg, log, rt=rt, layout=layout, strategy_dir=plan.strategy_dir)
+    plan = plan_run(cfg, rt, uses_semi_auto(cfg.parallel_config), run_dir, resume, weights_only, config_path, log)
+    s = open_session(cfg, log, rt=rt, strategy_dir=plan.strategy_dir)  # from here on s.cfg: the config as run
     start, host = 0, {}
     if plan.resume:
         start, host = resume_from(s, plan.checkpoint, weights_only, log)
     elif plan.load_weights:
         load_initial_weights(s, plan.load_weights, log)
     s.fresh_start = plan.fresh_start
-    cfg, t = s.cfg, s.cfg.train  # the resolved config, as run
+    t = s.cfg.train
     if rt.is_main:
-        write_run_dir(plan, cfg, rt, start, s.manifest)
+        write_run_dir(plan, s.cfg, rt, start, s.manifest)
     log.open_files(plan.run_dir)
     log(f"run directory: {plan.run_dir}" + (f" (resuming at step {start})" if plan.resume else ""))
 
-    writer = MetricsWriter(plan.run_dir, rt.rank, t.max_steps, cfg.monitor, echo=log)
-    saver = CheckpointSaver(plan.run_dir, plan.ckpt_rank, cfg.checkpoint, log)
+    writer = MetricsWriter(plan.run_dir, rt.rank, t.max_steps, s.cfg.monitor, echo=log)
+    saver = CheckpointSaver(plan.run_dir, plan.ckpt_rank, s.cfg.checkpoint, log)
     meter = IntervalMeter(s.tokens_per_step, s.flops_per_token, s.peak_flops, rt.world_size, start, t.max_steps,
                           t_start=writer.t_start)
     meter.restore(host)
-    skips = SkippedSteps(cfg.precision)
+    skips = SkippedSteps(s.cfg.precision)
     skips.resume(float(s.step_fn.state.loss_scale.asnumpy()))
     trun = TrainingRun(s, plan.run_dir, writer, log, plan.ckpt_rank)
     if plan.resume:
         writer.write({"step": start, "event": "resume", "from": plan.checkpoint[0]})
-    log.start_progress(t.max_steps, start, cfg.monitor.progress_bar)
+    log.start_progress(t.max_steps, start, s.cfg.monitor.progress_bar)
     call(hooks, "start", trun)
     val_loss, stopped, finished = None, None, False
     try:
         with Preemption(log) as preemption:
             for step in range(start, t.max_steps):
                 with meter.waiting():
-                    batches = next_batches(trun.session, step)
+                    batches = next_batches(s, step)
                 call(hooks, "before_step", trun, step, batches)
-                out = first_step(trun, meter, batches, layout, plan) if meter.compile_s is None else \
-                    trun.session.train_step(batches)
-                s, done = trun.session, step + 1
+                out = first_step(trun, meter, batches) if meter.compile_s is None else s.train_step(batches)
+                done = step + 1
                 meter.add(out, timed=done - start > 1)
                 skips.add(done, out)
                 saver.check()  # a background save that failed stops the run here
@@ -88,7 +88,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                     if t.eval_interval and done % t.eval_interval == 0 and done != t.max_steps:
                         val_loss = run_eval(trun, done, hooks)
                     stop = preemption_agreed(rt, preemption) or done == t.stop_at_step
-                    if stop or (cfg.checkpoint.save_interval and done % cfg.checkpoint.save_interval == 0
+                    if stop or (s.cfg.checkpoint.save_interval and done % s.cfg.checkpoint.save_interval == 0
                                 and done != t.max_steps):
                         save(trun, saver, done, meter)
                 log.progress(done, t.max_steps, step_s=meter.step_s())
@@ -172,20 +172,11 @@ def finish(trun, summary, saver):
 
 # --- per-step helpers ------------------------------------------------------------------------------------
 
-def first_step(trun, meter, batches, layout, plan):
-    """The first step of this process compiles (or loads) the graphs: timed on its own. A reused graph that
-    does not reproduce the step it was cached from restarts the run from its initialisation, uncached (only a
-    fresh start checks this, so nothing is lost)."""
-    s, t0 = trun.session, time.perf_counter()
-    try:
-        out = s.train_step(batches)
-    except compile_cache.CacheMismatch as e:
-        trun.log(f"warning: {e}")
-        s = trun.session = open_session(s.cfg, trun.log, rt=s.rt, layout=layout, strategy_dir=plan.strategy_dir,
-                                        compile_cache=False)
-        s.fresh_start = plan.fresh_start
-        t0 = time.perf_counter()
-        out = s.train_step(s.next_batches())
+def first_step(trun, meter, batches):
+    """The first step of this process compiles (or loads) the step's graphs: timed on its own. (A compile cache
+    entry that fails its checks is handled by the session itself: Session.first_step.)"""
+    t0 = time.perf_counter()
+    out = trun.session.train_step(batches)
     out.loss.asnumpy()
     meter.first_step(time.perf_counter() - t0)
     trun.log(f"compiled the training step in {meter.compile_s:.1f} s")
@@ -225,10 +216,10 @@ def save(trun, saver, step, meter):
     s = trun.session
     cfg = s.cfg
     strategy = os.path.join(cfg.checkpoint.strategy_dir or "", f"strategy_rank_{s.rt.rank}.ckpt")
-    if s.plan.semi_auto and os.path.isfile(strategy):  # the layout travels with the shards it describes
+    if s.parallel.semi_auto and os.path.isfile(strategy):  # the layout travels with the shards it describes
         os.makedirs(saver.directory, exist_ok=True)
         shutil.copy2(strategy, saver.directory)
-    if s.rt.is_main or s.plan.semi_auto:
+    if s.rt.is_main or s.parallel.semi_auto:
         saver.save(step, ckpt_state.capture(s), ckpt_state.describe(s, step, meter.host_state()))
         trun.writer.write({"step": step, "event": "checkpoint"}, echo=False)
 
@@ -271,7 +262,7 @@ def dry_run(cfg, echo=print):
     On an Ascend host with `MS_SIMULATION_LEVEL=1` (msrun --sim_level=1) this compiles the sharded graph of
     one rank without touching a device: the way to verify a layout before queueing a cluster job."""
     s = open_session(cfg, echo, purpose="dry_run")
-    s.log(s.plan.table())
+    s.log(s.parallel.table())
     batch = next(s.data)
     t0 = time.perf_counter()
     if s.cache is not None:
