@@ -7,7 +7,7 @@ setup(
                 "performance-tuning workflow built in.",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    python_requires=">=3.9",
+    python_requires=">=3.9,<3.13",  # MindSpore 2.10 publishes no wheel for Python 3.13
     packages=find_packages(include=["ms_llm", "ms_llm.*", "model_zoo", "model_zoo.*"]),
     package_data={"ms_llm.report": ["static/*.js"]},  # the report's drawing code, inlined into each page
     # bokeh: the HTML report's plots (BokehJS inlined into the page); 3.4 brought the vspan glyph

@@ -122,15 +122,3 @@ def test_bad_files(tmp_path):
         load_config(write(tmp_path, "- 1\n- 2\n"))
     with pytest.raises(UserError, match="section 'model' must be a mapping"):
         load_config(write(tmp_path, "model: 3\n"))
-
-
-def test_the_readme_config_reference_is_the_schema():
-    """The README's key table is generated from the schema (`python -m ms_llm.config.reference --update
-    README.md`): a key added, removed or re-documented without regenerating it fails here."""
-    import os
-
-    from ms_llm.config.reference import readme_with_reference
-
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md"),
-                  encoding="utf-8").read()
-    assert readme_with_reference(readme) == readme
