@@ -30,8 +30,8 @@ class RopeScalingConfig:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str = opt("gpt2", "model family: gpt2, or llama and its relatives (Llama 3, Qwen2.5, Qwen3, Mistral: "
-                            "options below, or a preset)", choices=("gpt2", "llama"))
+    arch: str = opt("gpt2", "model family; llama covers its relatives (Llama 3, Qwen2.5, Qwen3, Mistral) through the "
+                            "options below or a preset", choices=("gpt2", "llama"))
     preset: Optional[str] = opt(None, "named shape (gpt2-124m, llama2-7b, llama3.1-8b, qwen2.5-7b, qwen3-8b, "
                                       "mistral-7b, tiny-llama, ...; docs/models.md); keys set next to it override "
                                       "the preset")
