@@ -58,7 +58,8 @@ TINY = ["model.arch=llama", "model.num_layers=2", "model.hidden_size=64", "model
         "model.ffn_hidden_size=96", "model.seq_length=16", "model.vocab_size=128"]
 OPTIONS = {"llama3": ["model.rope_scaling={type: llama3, factor: 8.0}"], "qwen2.5": ["model.qkv_bias=true"],
            "qwen2.5-tied": ["model.qkv_bias=true", "model.tie_embeddings=true"],
-           "qwen3": ["model.qk_norm=true", "model.head_dim=32"], "mistral": ["model.sliding_window=4"]}
+           "qwen3": ["model.qk_norm=true", "model.head_dim=32"], "mistral": ["model.sliding_window=4"],
+           "qwen3-window": ["model.qk_norm=true", "model.sliding_window=4"]}
 
 
 @pytest.mark.parametrize("family", sorted(OPTIONS))
@@ -223,7 +224,7 @@ def test_a_refused_config_exits_2_with_one_paragraph_and_writes_nothing(tmp_path
 
 
 @pytest.mark.parametrize("family, model_type", [("llama3", "llama"), ("qwen2.5", "qwen2"), ("qwen3", "qwen3"),
-                                                ("mistral", "mistral")])
+                                                ("mistral", "mistral"), ("qwen3-window", "qwen3")])
 def test_a_model_trained_from_scratch_is_written_as_its_family(family, model_type):
     m = load_config(None, TINY + OPTIONS[family]).model
     c = hf.hf_config(m)

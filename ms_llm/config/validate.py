@@ -123,7 +123,8 @@ def check_llama_options(m):
                         f"null), an odd number: RoPE rotates pairs of dimensions, so the head size must be even.")
     rs = m.rope_scaling
     if rs is not None:
-        if rs.factor < 1 or rs.original_max_position_embeddings <= 0 or not 0 < rs.low_freq_factor < rs.high_freq_factor:
+        low, high = rs.low_freq_factor, rs.high_freq_factor
+        if rs.factor < 1 or rs.original_max_position_embeddings <= 0 or not 0 < low < high:
             raise UserError(f"model.rope_scaling = factor {rs.factor}, low_freq_factor {rs.low_freq_factor}, "
                             f"high_freq_factor {rs.high_freq_factor}, original_max_position_embeddings "
                             f"{rs.original_max_position_embeddings}: the llama3 rule needs factor >= 1, "
