@@ -47,6 +47,11 @@ def test_preset_parameter_counts_are_the_published_totals(preset):
     assert ModelShape.from_config(m).total_params() == PUBLISHED[preset]
 
 
+def test_a_key_set_inside_a_presets_section_keeps_the_others():
+    m = load_config(None, ["model.preset=llama3.2-1b", "model.rope_scaling.original_max_position_embeddings=4096"]).model
+    assert (m.rope_scaling.factor, m.rope_scaling.original_max_position_embeddings) == (32.0, 4096)
+
+
 def test_plan_prints_each_preset_with_its_published_count():
     for preset, n in PUBLISHED.items():
         code, out, err = cli("plan", "--set", f"model.preset={preset}", "--devices", "1", "--json")
