@@ -48,7 +48,8 @@ def test_preset_parameter_counts_are_the_published_totals(preset):
 
 
 def test_a_key_set_inside_a_presets_section_keeps_the_others():
-    m = load_config(None, ["model.preset=llama3.2-1b", "model.rope_scaling.original_max_position_embeddings=4096"]).model
+    m = load_config(None, ["model.preset=llama3.2-1b",
+                           "model.rope_scaling.original_max_position_embeddings=4096"]).model
     assert (m.rope_scaling.factor, m.rope_scaling.original_max_position_embeddings) == (32.0, 4096)
 
 
@@ -116,7 +117,8 @@ def test_llama3_frequencies_keep_the_fast_scale_the_slow_and_blend_between():
     (["model.arch=gpt2", "model.rope_scaling={factor: 8.0}"], "model.rope_scaling"),
     (TINY + ["model.head_dim=15"], "the head size is 15"),
     (TINY + ["model.sliding_window=0"], "model.sliding_window = 0 must be a positive"),
-    (TINY + ["model.rope_scaling={factor: 8.0, low_freq_factor: 4.0, high_freq_factor: 4.0}"], "low_freq_factor < high"),
+    (TINY + ["model.rope_scaling={factor: 8.0, low_freq_factor: 4.0, high_freq_factor: 4.0}"],
+     "low_freq_factor < high"),
     (TINY + ["model.rope_scaling={type: yarn}"], "model.rope_scaling.type = 'yarn' is not allowed"),
     (TINY + ["model.bias=true"], "set model.qkv_bias: true"),
 ])
