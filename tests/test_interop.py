@@ -87,7 +87,7 @@ def test_epochs_need_the_dataset_size_and_bad_models_are_refused(tmp_path):
     cfg, _ = convert_config(str(tmp_path / "mf.yaml"), str(tmp_path / "ours.yaml"), log=lambda *_: None)
     assert cfg.train.max_steps == 2 * (1000 // 64) and cfg.data.dataset_dir == str(tmp_path / "wiki")
     for key, value, message in [("type", "GPT2Config", "only Llama models"), ("extend_method", "NTK", "RoPE extension"),
-                                ("qkv_has_bias", True, "no biases")]:
+                                ("attn_proj_has_bias", True, "no bias on the attention output")]:
         bad = yaml.safe_load(yaml.safe_dump(raw))
         bad["model"]["model_config"][key] = value
         with pytest.raises(UserError, match=message):

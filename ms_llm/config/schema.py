@@ -21,10 +21,21 @@ def opt(default, help="", choices=None):
 
 
 @dataclass(frozen=True)
+class RopeScalingConfig:
+    type: str = opt("llama3", "RoPE frequency scaling (Llama 3.1/3.2's llama3 rule)", choices=("llama3",))
+    factor: float = opt(8.0, "low frequencies are divided by this")
+    low_freq_factor: float = opt(1.0, "wavelengths above original_max_position_embeddings / this are scaled")
+    high_freq_factor: float = opt(4.0, "wavelengths below original_max_position_embeddings / this are kept; "
+                                       "between the two, interpolated")
+    original_max_position_embeddings: int = opt(8192, "context length of pretraining before the extension")
+
+
+@dataclass(frozen=True)
 class ModelConfig:
-    arch: str = opt("gpt2", "model family", choices=("gpt2", "llama"))
-    preset: Optional[str] = opt(None, f"named shape, one of {', '.join(PRESETS)}; keys set next to it override "
-                                      f"the preset")
+    arch: str = opt("gpt2", "model family; llama covers its relatives (Llama 3, Qwen2.5, Qwen3, Mistral) through the "
+                            "options below or a preset", choices=("gpt2", "llama"))
+    preset: Optional[str] = opt(None, f"named shape, one of {', '.join(PRESETS)} (docs/models.md); keys set next to "
+                                      f"it override the preset")
     num_layers: int = opt(4, "decoder layers")
     hidden_size: int = opt(128, "model width")
     num_heads: int = opt(4, "attention heads")
@@ -40,6 +51,14 @@ class ModelConfig:
     tie_embeddings: bool = opt(True, "share the token embedding with the LM head")
     norm_eps: float = opt(1e-5, "epsilon of LayerNorm / RMSNorm")
     rope_theta: float = opt(10000.0, "llama: RoPE base")
+    rope_scaling: Optional[RopeScalingConfig] = opt(None, "llama: RoPE frequency scaling, e.g. {type: llama3, "
+                                                          "factor: 8.0} (null: none)")
+    head_dim: Optional[int] = opt(None, "llama: size of each attention head (null: hidden_size / num_heads; "
+                                        "Qwen3 sets it apart)")
+    qkv_bias: bool = opt(False, "llama: biases on the q, k and v projections only (Qwen2.5)")
+    qk_norm: bool = opt(False, "llama: RMSNorm over each head's q and k before RoPE (Qwen3)")
+    sliding_window: Optional[int] = opt(None, "llama: each token attends to at most this many most recent tokens, "
+                                              "itself included, in every layer (Mistral; null: all earlier tokens)")
 
 
 @dataclass(frozen=True)

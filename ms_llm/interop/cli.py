@@ -22,7 +22,7 @@ def cmd_convert(args):
 
         convert_config(args.from_mindformers_config, args.output, args.samples, args.devices)
         return None
-    if args.from_mindformers or args.to_mindformers:  # Llama checkpoints, docs/from_mindformers.md
+    if args.from_mindformers or args.to_mindformers:  # Llama/Qwen2.5 checkpoints, docs/from_mindformers.md
         from ms_llm.interop.mindformers import ckpt as mindformers_ckpt
 
         if args.from_mindformers:
@@ -75,8 +75,8 @@ def reshard(args):
 
 
 def add_parsers(subparsers):
-    p = subparsers.add_parser("convert", help="Hugging Face GPT-2/Llama and MindFormers Llama checkpoints and configs <-> "
-                                       "ms_llm; reshard across layouts")
+    p = subparsers.add_parser("convert", help="Hugging Face GPT-2/Llama/Qwen2.5/Qwen3/Mistral and MindFormers "
+                                       "Llama/Qwen2.5 checkpoints and configs <-> ms_llm; reshard across layouts")
     # exactly one mode per call; argparse refuses none or two (exit 2), and tests/test_docs.py requires each in the
     # README's command table
     mode = p.add_mutually_exclusive_group(required=True)

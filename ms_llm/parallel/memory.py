@@ -48,7 +48,8 @@ def layer_activation_units(shape, t, seq_parallel, recompute, flash=False):
     grouped-query attention and SwiGLU, and returned with the formula used.
 
     Not split by tensor parallelism (10): both norm inputs 4, QKV input 2, MLP input 2, two dropout masks 2.
-    Split t ways: Q 2, K and V 2·kv/a each, attention-out input 2, then the MLP: GELU keeps its input and
+    Split t ways: Q 2, K and V 2·kv/a each, attention-out input 2 (each × a·d/h when the head size d is set
+    apart from h/a, as Qwen3's), then the MLP: GELU keeps its input and
     output, 2·(f/h) each = 4·f/h (16 at f = 4h); SwiGLU keeps gate output, silu output, up output and their
     product, 8·f/h. The s×s attention scores: 5·a·s/h (softmax output 2, dropout mask 1, dropout output 2).
     For a GPT-2 layer (kv = a, f = 4h) this is exactly 10 + 24 + 5·a·s/h = 34 + 5·a·s/h.
@@ -59,15 +60,17 @@ def layer_activation_units(shape, t, seq_parallel, recompute, flash=False):
     if recompute == "full":
         return (2 / t if seq_parallel else 2), "2" + ("/t" if seq_parallel else "")
     kv = shape.kv_heads / a
+    wide = shape.attention_width / h  # q, k, v and the attention output are a·d wide: 1 unless head_dim is set apart
     mlp = (8 if shape.swiglu else 4) * shape.ffn / h
-    split = 4 + 4 * kv + mlp
+    split = (4 + 4 * kv) * wide + mlp
     no_scores = recompute == "selective" or flash
     scores = 0.0 if no_scores else 5 * a * s / h
     mlp_txt = f"{8 if shape.swiglu else 4}·f/h"
+    attn_txt = "4 + 4·kv/a" if wide == 1 else "(4 + 4·kv/a)·a·d/h"
     scores_txt = "" if no_scores else " + 5·a·s/h"
     if seq_parallel:
-        return (10 + split + scores) / t, f"(10 + 4 + 4·kv/a + {mlp_txt}{scores_txt})/t"
-    return 10 + (split + scores) / t, f"10 + (4 + 4·kv/a + {mlp_txt}{scores_txt})/t"
+        return (10 + split + scores) / t, f"(10 + {attn_txt} + {mlp_txt}{scores_txt})/t"
+    return 10 + (split + scores) / t, f"10 + ({attn_txt} + {mlp_txt}{scores_txt})/t"
 
 
 def layers_per_stage(shape, layout):

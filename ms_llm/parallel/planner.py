@@ -149,7 +149,7 @@ def flops_per_token(shape, layout):
     (QKᵀ and attention·V forward again). With causal flash attention the kernel skips the masked half of
     the s×s blocks, so attention costs 6·L·h·s, plus 1·L·h·s for the QKᵀ its backward recomputes."""
     n = shape.matmul_params()
-    L, h, s = shape.num_layers, shape.hidden, shape.seq
+    L, h, s = shape.num_layers, shape.attention_width, shape.seq  # h: heads × head_dim (= hidden unless set apart)
     full, selective = recompute_share(shape, layout)
     flash = layout.flash_attention
     attention = (6 if flash else 12) * L * h * s

@@ -15,6 +15,7 @@ from typing import Any, Callable, List, NamedTuple
 
 import numpy as np
 
+from ms_llm.config.validate import head_dim
 from ms_llm.data.loader import TrainBatches, check_token_ids, eval_batches
 from ms_llm.data.manifest import has_manifest, load_manifest
 from ms_llm.errors import UserError
@@ -191,7 +192,8 @@ def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
             "different graph); evaluate the checkpoint with pipeline_stage: 1")
     n_params = count_params(model)
     s = Session(resolved, rt, log, manifest, purpose, accum, model, step_fn, EvalStep(model), data, val, n_params,
-                flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length),
+                flops_per_token(count_params(model, exclude_positions=True), m.num_layers,
+                                m.num_heads * head_dim(m), m.seq_length),  # attention: heads × head_dim wide
                 peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, cache)
     log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
         f"seq {m.seq_length}, vocab {m.vocab_size}); compute dtype {cfg.precision.compute_dtype}")
