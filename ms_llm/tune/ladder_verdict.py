@@ -1,0 +1,188 @@
+"""The ladder's verdicts, on curves as plain data ({step: value}): the seed-to-seed band, and each rung against
+the rung before it.
+
+The band. The plain config trained at two seeds (train.seed and train.seed + 1) gives two loss curves that are
+equally valid runs of one recipe: other initial weights, another data order. The band at step t is the largest
+gap between them up to t:
+
+    band(t) = max over s <= t of |loss_seed1(s) - loss_seed2(s)|
+
+A running maximum rather than the gap at t itself: two seeds' curves cross each other, and at a crossing the gap
+is ~0 by chance, which says nothing about how far apart two valid runs can be by then. Past the seed rung's last
+step the band keeps its last value.
+
+The verdicts, rung B (one option more) against rung A (the rung before), over the steps both logged:
+
+- exact: every logged loss and grad norm bit-identical (NaN matches NaN), the same steps logged;
+- within noise: for an option expected to move the numbers, |loss_B(t) - loss_A(t)| <= band(t) + rtol x |loss_A(t)|
+  at every step (rtol, --rtol, default 0: the band alone), and no loss non-finite in one rung and finite in the other;
+- PARTS: otherwise, and for an option that must not change a single number whenever it changed one. The first
+  differing step (any bit), the first parting step (the first beyond the tolerance above; an exact-expected
+  option can part with none, inside the band), the largest absolute and relative loss differences are reported.
+"""
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from ms_llm.tune.ladder_plan import EXACT
+
+PARTS = "PARTS"
+
+
+@dataclass
+class Curves:
+    """One rung's logged values by step (a resumed run's later record wins, as in the run-dir reader)."""
+    loss: dict = field(default_factory=dict)
+    grad_norm: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)  # step -> updates skipped so far
+
+    @classmethod
+    def from_records(cls, records):
+        c = cls()
+        for r in records:
+            if "loss" in r and isinstance(r.get("step"), int):
+                c.loss[r["step"]] = as_float(r.get("loss"))
+                c.grad_norm[r["step"]] = as_float(r.get("grad_norm"))
+                if isinstance(r.get("skipped"), (int, float)):
+                    c.skipped[r["step"]] = int(r["skipped"])
+        return c
+
+    @property
+    def last_step(self):
+        return max(self.loss) if self.loss else 0
+
+    def skipped_total(self):
+        return self.skipped[max(self.skipped)] if self.skipped else 0
+
+    def first_skip(self):
+        before = 0
+        for s in sorted(self.skipped):
+            if self.skipped[s] > before:
+                return s
+            before = self.skipped[s]
+        return None
+
+
+def as_float(v):
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else math.nan
+
+
+def same(a, b):
+    return a == b or (math.isnan(a) and math.isnan(b))
+
+
+def seed_band(a, b):
+    """{step: running max of |a - b|} over the steps both curves logged (a non-finite gap makes the band inf)."""
+    band, widest = {}, 0.0
+    for s in sorted(set(a) & set(b)):
+        gap = abs(a[s] - b[s]) if math.isfinite(a[s]) and math.isfinite(b[s]) else math.inf
+        widest = max(widest, gap)
+        band[s] = widest
+    return band
+
+
+def band_at(band, step):
+    if not band:
+        return None
+    if step in band:
+        return band[step]
+    earlier = [s for s in band if s <= step]
+    return band[max(earlier)] if earlier else band[min(band)]
+
+
+@dataclass
+class Verdict:
+    verdict: str  # "exact" | "within noise" | "PARTS" | "unverified"
+    expected: str
+    steps: int = 0  # steps compared
+    first_diff: Optional[int] = None
+    first_part: Optional[int] = None
+    max_abs: Optional[float] = None
+    max_abs_step: Optional[int] = None
+    max_rel: Optional[float] = None
+    max_rel_step: Optional[int] = None
+    max_grad_norm_abs: Optional[float] = None
+    band_at_part: Optional[float] = None
+    skipped_before: int = 0
+    skipped_now: int = 0
+    first_skip: Optional[int] = None
+    reason: str = ""
+
+    @property
+    def parts(self):
+        return self.verdict == PARTS
+
+    def to_dict(self):
+        return {k: (v if not isinstance(v, float) or math.isfinite(v) else str(v)) for k, v in asdict(self).items()}
+
+
+def judge(before, now, expected, band, rtol=0.0):
+    """The verdict of rung `now` (Curves) against the rung `before` it. `band`: {step: width} from seed_band, or
+    None when the seed rung did not finish (then only rtol x |loss| is tolerated, and a noise verdict says so)."""
+    steps = sorted(set(before.loss) & set(now.loss))
+    v = Verdict("unverified", expected, len(steps), skipped_before=before.skipped_total(),
+                skipped_now=now.skipped_total(), first_skip=now.first_skip())
+    if not steps:
+        v.reason = "no step logged by both rungs"
+        return v
+    only = sorted(set(before.loss) ^ set(now.loss))
+    for s in steps:
+        a, b = before.loss[s], now.loss[s]
+        ga, gb = before.grad_norm.get(s, math.nan), now.grad_norm.get(s, math.nan)
+        if v.first_diff is None and not (same(a, b) and same(ga, gb)):
+            v.first_diff = s
+        if math.isfinite(ga) and math.isfinite(gb):
+            v.max_grad_norm_abs = max(v.max_grad_norm_abs or 0.0, abs(gb - ga))
+        if math.isfinite(a) and math.isfinite(b):
+            d, rel = abs(b - a), abs(b - a) / abs(a) if a else (0.0 if b == a else math.inf)
+            width = band_at(band, s)
+            tol = (width or 0.0) + rtol * abs(a)
+            beyond = d > tol
+        else:
+            d, rel, tol = (0.0, 0.0, 0.0) if same(a, b) else (math.inf, math.inf, 0.0)
+            beyond = not same(a, b)
+        if v.max_abs is None or d > v.max_abs:
+            v.max_abs, v.max_abs_step = d, s
+        if v.max_rel is None or rel > v.max_rel:
+            v.max_rel, v.max_rel_step = rel, s
+        if beyond and v.first_part is None:
+            v.first_part, v.band_at_part = s, tol
+    if v.first_diff is None and not only:
+        v.verdict = EXACT
+        v.reason = f"every loss and grad norm of {len(steps)} steps bit-identical"
+        return v
+    if v.first_diff is None:  # identical where both logged, but one rung logged steps the other did not
+        v.first_diff = only[0]
+    if expected == EXACT:
+        v.verdict = PARTS
+        v.reason = (f"this option must not change a single number, and it changed them from step {v.first_diff}"
+                    + (f"; beyond the noise band from step {v.first_part}" if v.first_part else
+                       " (inside the noise band throughout)"))
+        return v
+    if band is None and rtol == 0:
+        v.reason = "no seed-to-seed band (the seed rung did not finish) and --rtol 0: nothing to judge noise by"
+        return v
+    if v.first_part is None and not only:
+        v.verdict = "within noise"
+        v.reason = (f"largest |Δloss| {v.max_abs:.3g} at step {v.max_abs_step}, inside the band there "
+                    f"({band_at(band, v.max_abs_step) or 0.0:.3g})")
+        return v
+    v.verdict = PARTS
+    if v.first_part is None:
+        v.first_part = only[0]
+        v.reason = f"step {only[0]} is logged by one rung only (one stopped early)"
+    else:
+        a, b = before.loss[v.first_part], now.loss[v.first_part]
+        v.reason = (f"at step {v.first_part} loss {b:.6g} against {a:.6g} before: |Δ| {abs(b - a):.3g} > "
+                    f"tolerance {v.band_at_part:.3g} (seed band {band_at(band, v.first_part) or 0.0:.3g}"
+                    + (f" + rtol {rtol:g} x |loss|" if rtol else "") + ")")
+    return v
+
+
+def skipped_note(v):
+    """The skipped-update evidence of a parting rung (loss-scale overflows, anomaly skips), or ''."""
+    if v.skipped_now > v.skipped_before:
+        return (f"it skipped {v.skipped_now} update(s) where the rung before skipped {v.skipped_before}"
+                + (f", the first at step {v.first_skip}" if v.first_skip else "")
+                + ": non-finite gradients (a loss scale too large for the precision) or the anomaly guard")
+    return ""
