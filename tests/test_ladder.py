@@ -323,3 +323,71 @@ def test_a_parting_rung_names_its_option_and_the_commands_that_localise_it(tmp_p
         f"{d}/localise/02-compute_dtype/after",
         f"ms-llm compare {d}/localise/02-compute_dtype/after {d}/localise/02-compute_dtype/before"]
     assert all(c in text for c in loc["commands"])
+
+
+def test_rungs_this_machine_cannot_run_are_skipped_with_their_cluster_command(tmp_path, fake):
+    config = write_target(tmp_path, {"parallel_config": {"data_parallel": 4, "model_parallel": 2},
+                                     "train": {"global_batch_size": 16}, "context": {"compile_cache": False}})
+    d = str(tmp_path / "L")
+    out = []
+    assert lad.ladder(config, 10, ladder_dir=d, print_commands=True, echo=out.append, launcher_cls=fake) == 0
+    assert fake.ran == []  # printed, not run
+    text = "\n".join(out)
+    assert f"ms-llm train --config {d}/configs/00-plain.yaml --run-dir {d}/rungs/00-plain" in text
+    assert (f"msrun --worker_num=4 --local_worker_num=4 --master_port=8118 --join=True --log_dir={d}/logs/"
+            f"02-data_parallel-msrun train.py --config {d}/configs/02-data_parallel.yaml") in text
+    assert "(not on this machine: 4 msrun ranks on 2 CPU core(s)" in text and "--worker_num=8" in text
+    out = []
+    assert lad.ladder(config, 10, ladder_dir=d, echo=out.append, launcher_cls=fake) == 0  # skipping is no failure
+    assert fake.ran == ["00-plain", "plain-seed2", "01-cpu_kernels"]
+    text = "\n".join(out)
+    assert "rung 3 model_parallel skipped: tensor/pipeline parallelism" in text
+    out = []  # printed again: the trained rungs are marked, the others still printed
+    lad.ladder(config, 10, ladder_dir=d, print_commands=True, echo=out.append, launcher_cls=fake)
+    assert "# 00-plain: plain: trained already" in out and sum("--worker_num" in line for line in out) == 2
+    assert json.load(open(os.path.join(d, "ladder.json")))["state"] == "done"  # results kept
+
+
+# --- end to end: a small ladder of the tiny model -------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_small_ladder_of_the_tiny_model_and_its_resume(dataset, tmp_path, cache, monkeypatch, capsys):
+    """A float16 target with a static loss scale of 2^24: the loss-scale rung (still float32) is bit-exact, the
+    fused kernels move the numbers within noise at most, and the float16 rung, whose every step overflows, parts
+    (and only it). A second run of the command trains nothing. msrun is left to the closing note (docs/ladder.md):
+    two more processes per rank would double the test."""
+    from ms_llm.cli import main
+
+    monkeypatch.setenv("MS_LLM_CACHE", cache["MS_LLM_CACHE"])
+    config = tmp_path / "fp16.yaml"
+    config.write_text(yaml.safe_dump(merged(BASE, {
+        "data": {"dataset_dir": dataset, "source": None},
+        "model": {"vocab_size": None},
+        "precision": {"compute_dtype": "float16", "loss_scale": "static", "init_scale": 2.0 ** 24},
+        "train": {"eval_steps": 2},
+        "monitor": {"summary": False, "report": False, "telemetry_interval_s": None},
+        "context": {"compile_cache": False, "cpu_kernels": True}})))
+    d = tmp_path / "ladder"
+    args = ["debug", "ladder", "--config", str(config), "--steps", "20", "--ladder-dir", str(d)]
+    assert main(args) == 1
+    text = capsys.readouterr().out
+    doc = json.load(open(d / "ladder.json"))
+    rungs = {r["name"]: r for r in doc["rungs"]}
+    assert [r["name"] for r in doc["rungs"]] == ["plain", "plain-seed2", "loss_scale", "cpu_kernels", "compute_dtype"]
+    assert all(r["status"] == "finished" for r in doc["rungs"]), [(r["name"], r["error"]) for r in doc["rungs"]]
+    assert rungs["loss_scale"]["verdict"]["verdict"] == "exact"
+    assert rungs["cpu_kernels"]["verdict"]["verdict"] in ("exact", "within noise")
+    v = rungs["compute_dtype"]["verdict"]
+    assert v["verdict"] == "PARTS" and v["first_part"] and v["skipped_now"] >= v["first_part"] - 1
+    assert [r["name"] for r in doc["rungs"] if (r["verdict"] or {}).get("verdict") == "PARTS"] == ["compute_dtype"]
+    assert "rung 3 compute_dtype PARTS: precision.compute_dtype: float32 → float16" in text
+    assert "--set precision.compute_dtype=float16" in text and "ms-llm compare" in text
+    assert doc["band"]["final"] > 0 and (d / "ladder.html").stat().st_size > 100_000
+    # each rung is an ordinary run directory: the loss-scale rung follows plain exactly by compare-curves too
+    assert main(["compare-curves", rungs["loss_scale"]["run_dir"], rungs["plain"]["run_dir"], "--rtol", "0"]) == 0
+    assert main(["runs", str(d / "rungs")]) == 0
+    capsys.readouterr()
+    assert main(args) == 1  # resumed: every rung trained already, the same verdicts
+    again = capsys.readouterr().out
+    assert again.count("trained earlier, not run again") == 5
+    assert json.load(open(d / "ladder.json"))["rungs"][4]["verdict"] == rungs["compute_dtype"]["verdict"]

@@ -204,15 +204,16 @@ def ladder(config, steps=100, rtol=0.0, ladder_dir=None, print_commands=False, e
     target, rungs, seed, notes = plan(config, steps)
     ladder_dir = ladder_dir or default_ladder_dir(config)
     ident = identity(config, target, rungs, seed, steps)
-    open_ladder_dir(ladder_dir, ident, echo)
+    previous = open_ladder_dir(ladder_dir, ident, echo)
     write_configs(rungs, seed, ladder_dir)
     recs = records(rungs, seed, ladder_dir, this_machine())
     doc_path = os.path.join(ladder_dir, "ladder.json")
     for n in notes:
         echo(f"note: {n}")
     if print_commands:
-        out.write_doc(doc_path, document(ident, "planned", recs, notes, rtol, None))
-        return print_all(recs, config, ladder_dir, echo)
+        if previous is None:  # a record of the plan; an existing ladder.json keeps its results
+            out.write_doc(doc_path, document(ident, "planned", recs, notes, rtol, None))
+        return print_all(recs, config, ladder_dir, steps, echo)
     take_lock(ladder_dir)
     try:
         return run_all(recs, ident, notes, rtol, ladder_dir, doc_path, config, echo, launcher_cls)
@@ -220,14 +221,18 @@ def ladder(config, steps=100, rtol=0.0, ladder_dir=None, print_commands=False, e
         release(ladder_dir)
 
 
-def print_all(recs, config, ladder_dir, echo):
+def print_all(recs, config, ladder_dir, steps, echo):
     echo(f"# the ladder of {config}: {len(recs) - 2} option rung(s) after plain and its seed rung; each command "
          f"trains one rung into {os.path.join(ladder_dir, 'rungs')}")
     for r in recs:
         what = ("plain" if r["index"] == 0 else "the noise band" if r["index"] < 0 else
                 f"adds {r['label']}; expected: {r['expect']}")
+        state = rung_state(r["run_dir"], steps)
+        if state in ("finished", "halted"):
+            echo(f"# {r['dir']}: {what}: trained already")
+            continue
         echo(f"# {r['dir']}: {what}" + (f" (not on this machine: {r['reason']})" if r["reason"] else ""))
-        echo(r["cluster_command"])
+        echo(r["cluster_command"] + (" --resume" if state == "resumable" else ""))
     echo(f"# when they are done (run directories under {os.path.join(ladder_dir, 'rungs')}), judge them here: "
          f"ms-llm debug ladder --config {config} --ladder-dir {ladder_dir} (finished rungs are not rerun)")
     return 0

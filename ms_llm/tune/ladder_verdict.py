@@ -164,8 +164,14 @@ def judge(before, now, expected, band, rtol=0.0):
         return v
     if v.first_part is None and not only:
         v.verdict = "within noise"
-        v.reason = (f"largest |Δloss| {v.max_abs:.3g} at step {v.max_abs_step}, inside the band there "
-                    f"({band_at(band, v.max_abs_step) or 0.0:.3g})")
+        if v.max_abs == 0:
+            v.reason = (f"every loss bit-identical; the grad norm differs from step {v.first_diff} (largest |Δ| "
+                        f"{v.max_grad_norm_abs or 0.0:.3g})")
+        else:
+            width = band_at(band, v.max_abs_step) or 0.0
+            v.reason = (f"largest |Δloss| {v.max_abs:.3g} at step {v.max_abs_step}, "
+                        + (f"{v.max_abs / width:.1%} of the band there ({width:.3g})" if width else
+                           f"inside rtol {rtol:g} x |loss|"))
         return v
     v.verdict = PARTS
     if v.first_part is None:

@@ -192,9 +192,10 @@ def ladder_difference_panels(builder, doc):
         d = [b.loss[s] - a.loss[s] for s in steps]
         g = [abs(b.grad_norm.get(s, math.nan) - a.grad_norm.get(s, math.nan)) for s in steps]
         label = f"{now['dir']} − {before['dir']}"
-        builder.series(log_p, i, steps, [abs(x) if x else math.nan for x in d], label)
+        # markers: a difference at isolated steps (zero, hence no point, around them) is no line
+        builder.series(log_p, i, steps, [abs(x) if x else math.nan for x in d], label, markers=True)
         builder.series(signed, i, steps, d, label)
-        builder.series(grad, i, steps, [x if x else math.nan for x in g], label)
+        builder.series(grad, i, steps, [x if x else math.nan for x in g], label, markers=True)
     if band.get("steps"):
         xs, ys = band["steps"], [v if isinstance(v, (int, float)) else math.nan for v in band["values"]]
         builder.series(log_p, 0, xs, [y if y else math.nan for y in ys], "seed-to-seed band", dash="dashed")
@@ -215,7 +216,8 @@ def ladder_summary_html(doc, page):
         rows.append(["seed" if r["index"] < 0 else r["index"], r["name"], r["label"], r.get("expect"), verdict_text(r),
                      v.get("max_abs"), v.get("max_rel"), v.get("first_diff"), v.get("first_part"),
                      f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else None,
-                     f"x{r['speedup']:.2f}" if r.get("speedup") else None, r.get("peak_mem_gib"), r.get("batch"),
+                     f"x{r['speedup']:.2f}" if r.get("speedup") else None,
+                     round(r["peak_mem_gib"], 3) if isinstance(r.get("peak_mem_gib"), float) else None, r.get("batch"),
                      duration(r.get("wall_s")), r.get("reason") or r.get("error") or v.get("reason"), r["run_dir"]])
     head = ["#", "rung", "option added", "expected", "verdict", "max |Δloss|", "max rel", "first diff",
             "first parting", "tokens/s", "speed-up", "peak mem GiB", "batch", "wall", "why", "run directory"]
