@@ -192,7 +192,11 @@ def document(ident, state, recs, notes, rtol, band):
             "rungs": recs, "order": "plain, the seed rung (noise band), then one option per rung (docs/ladder.md)"}
 
 
-def ladder(config, steps=100, rtol=0.0, ladder_dir=None, print_commands=False, echo=print, launcher_cls=Launcher):
+def say(msg):
+    print(msg, flush=True)  # progress lines reach a log file (nohup, CI) as they are written
+
+
+def ladder(config, steps=100, rtol=0.0, ladder_dir=None, print_commands=False, echo=say, launcher_cls=Launcher):
     """Plan, run (or resume) and judge the ladder of `config`. Returns the exit code: 0 every rung exact or within
     noise, 1 a rung parts or failed to train, 130 interrupted (run the same command to resume)."""
     if steps < MIN_STEPS:

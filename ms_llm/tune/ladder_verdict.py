@@ -19,6 +19,10 @@ The verdicts, rung B (one option more) against rung A (the rung before), over th
 - PARTS: otherwise, and for an option that must not change a single number whenever it changed one. The first
   differing step (any bit), the first parting step (the first beyond the tolerance above; an exact-expected
   option can part with none, inside the band), the largest absolute and relative loss differences are reported.
+
+Within noise is judged on the loss alone: the grad norm of two equally valid runs can differ by more than their
+losses do, and a seed band of grad norms would be a second noisy estimate. It counts for exactness, and its
+largest difference is reported.
 """
 import math
 from dataclasses import asdict, dataclass, field
@@ -118,35 +122,34 @@ class Verdict:
 
 def judge(before, now, expected, band, rtol=0.0):
     """The verdict of rung `now` (Curves) against the rung `before` it. `band`: {step: width} from seed_band, or
-    None when the seed rung did not finish (then only rtol x |loss| is tolerated, and a noise verdict says so)."""
+    None when the seed rung did not finish (then only rtol x |loss| is tolerated, and a noise verdict says so).
+
+    The loss arithmetic is compare-curves' (ms_llm.report.curves.compare, `before` the reference: differences,
+    largest absolute and relative, the first step that differs, NaN parting from any number but not from NaN);
+    the band is its absolute tolerance, one per step."""
+    from ms_llm.report.curves import Curve, compare
+
     steps = sorted(set(before.loss) & set(now.loss))
     v = Verdict("unverified", expected, len(steps), skipped_before=before.skipped_total(),
                 skipped_now=now.skipped_total(), first_skip=now.first_skip())
     if not steps:
         v.reason = "no step logged by both rungs"
         return v
-    only = sorted(set(before.loss) ^ set(now.loss))
-    for s in steps:
-        a, b = before.loss[s], now.loss[s]
-        ga, gb = before.grad_norm.get(s, math.nan), now.grad_norm.get(s, math.nan)
-        if v.first_diff is None and not (same(a, b) and same(ga, gb)):
-            v.first_diff = s
-        if math.isfinite(ga) and math.isfinite(gb):
-            v.max_grad_norm_abs = max(v.max_grad_norm_abs or 0.0, abs(gb - ga))
-        if math.isfinite(a) and math.isfinite(b):
-            d, rel = abs(b - a), abs(b - a) / abs(a) if a else (0.0 if b == a else math.inf)
-            width = band_at(band, s)
-            tol = (width or 0.0) + rtol * abs(a)
-            beyond = d > tol
-        else:
-            d, rel, tol = (0.0, 0.0, 0.0) if same(a, b) else (math.inf, math.inf, 0.0)
-            beyond = not same(a, b)
-        if v.max_abs is None or d > v.max_abs:
-            v.max_abs, v.max_abs_step = d, s
-        if v.max_rel is None or rel > v.max_rel:
-            v.max_rel, v.max_rel_step = rel, s
-        if beyond and v.first_part is None:
+    c = compare(Curve("now", "loss", now.loss), Curve("before", "loss", before.loss), 0.0, 0.0)
+    only = sorted(c.only_a + c.only_b)
+    v.max_abs, v.max_abs_step = abs(c.max_abs[0]), c.max_abs[1]
+    v.max_rel, v.max_rel_step = c.max_rel
+    grad_diff = [s for s in steps if not same(before.grad_norm.get(s, math.nan), now.grad_norm.get(s, math.nan))]
+    v.first_diff = min([s for s in (c.first_diff, grad_diff[0] if grad_diff else None) if s is not None],
+                       default=None)
+    gaps = [abs(now.grad_norm[s] - before.grad_norm[s]) for s in steps
+            if math.isfinite(now.grad_norm.get(s, math.nan)) and math.isfinite(before.grad_norm.get(s, math.nan))]
+    v.max_grad_norm_abs = max(gaps) if gaps else None
+    for s, d in zip(c.steps, c.diffs):
+        tol = (band_at(band, s) or 0.0) + rtol * abs(before.loss[s])
+        if abs(d) > tol:  # a NaN against a number: d = inf
             v.first_part, v.band_at_part = s, tol
+            break
     if v.first_diff is None and not only:
         v.verdict = EXACT
         v.reason = f"every loss and grad norm of {len(steps)} steps bit-identical"
