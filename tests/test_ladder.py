@@ -206,7 +206,10 @@ class FakeLauncher:
         FakeLauncher.ran.append(name)
         os.makedirs(self.logs_dir, exist_ok=True)
         log = os.path.join(self.logs_dir, f"{name}.log")
-        if name in FakeLauncher.fail:
+        if name in FakeLauncher.fail:  # crashed at step 3, before its first checkpoint
+            os.makedirs(run_dir)
+            with open(os.path.join(run_dir, "metrics.jsonl"), "w") as f:
+                f.write(json.dumps({"step": 3, "loss": 3.9, "grad_norm": 1.0}) + "\n")
             with open(log, "w") as f:
                 f.write("error: micro-batch 0 of the next step: token id 99 out of range\n")
             return 2, 1.0, log, "error: micro-batch 0 of the next step: token id 99 out of range"
@@ -283,6 +286,7 @@ def test_a_rung_that_fails_is_reported_the_ladder_goes_on_and_a_rerun_tries_it_a
     fake.fail, fake.ran = set(), []
     assert lad.ladder(config, 10, ladder_dir=d, echo=out.append, launcher_cls=fake) == 0
     assert fake.ran == ["02-recompute"]
+    assert os.listdir(os.path.join(d, "interrupted")) == ["02-recompute-1"]  # the crashed attempt, kept
 
 
 def test_a_ladder_dir_of_another_target_or_length_is_refused_and_kept(tmp_path, fake):
