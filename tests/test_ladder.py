@@ -12,7 +12,7 @@ from ms_llm.errors import UserError
 from ms_llm.tune import ladder as lad
 from ms_llm.tune.ladder_plan import (EXACT, NOISE, OPTIONS, PLAIN, Machine, flatten, missing_hardware, plan_rungs,
                                      seed_rung)
-from ms_llm.tune.ladder_verdict import Curves, judge, seed_band
+from ms_llm.tune.ladder_verdict import Band, Curves, judge, seed_band
 
 BASE = {"model": {"num_layers": 2, "hidden_size": 32, "num_heads": 2, "seq_length": 32, "vocab_size": 60},
         "train": {"global_batch_size": 8, "micro_batch_size": 2, "max_steps": 2000, "warmup_steps": 5, "seed": 7},
@@ -151,15 +151,24 @@ def curve(losses, grads=None, skipped=None):
                   {s + 1: v for s, v in enumerate(skipped or [0] * n)})
 
 
-def test_the_band_is_the_running_max_of_the_seed_gap():
-    band = seed_band({1: 4.0, 2: 3.9, 3: 3.8, 4: 3.7}, {1: 4.1, 2: 3.9, 3: 3.75, 4: 3.6})
-    assert band == pytest.approx({1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1})  # the crossing at step 2 does not shrink it
-    assert seed_band({1: 1.0, 2: math.nan}, {1: 1.0, 2: 1.0})[2] == math.inf
+def test_the_band_is_the_running_max_of_the_seed_gap_per_step_and_of_its_trend():
+    a = {1: 4.0, 2: 3.9, 3: 3.8, 4: 3.7}
+    band = seed_band(a, {1: 4.1, 2: 3.9, 3: 3.75, 4: 3.6})
+    assert band.step == pytest.approx({1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1})  # the crossing at step 2 does not shrink it
+    # the trend: means of the signed gaps -0.1, 0, +0.05, +0.1 over the last 10 steps (all, here)
+    assert band.trend == pytest.approx({1: 0.1, 2: 0.1, 3: 0.1, 4: 0.1})
+    alternating = seed_band({s: 4.0 + 0.1 * (-1) ** s for s in range(1, 41)}, {s: 4.0 for s in range(1, 41)})
+    assert alternating.step[40] == pytest.approx(0.1) and alternating.trend[40] == pytest.approx(0.1)
+    assert max(abs(alternating.trend[s] - alternating.trend[s - 1]) for s in range(2, 41)) < 1e-12
+    batch_noise = seed_band({s: 4.0 + 0.1 * (-1) ** s for s in range(1, 41)}, {s: 4.0 - 0.1 * (-1) ** s
+                                                                                for s in range(1, 41)})
+    assert batch_noise.step[40] == pytest.approx(0.2) and batch_noise.trend[40] == pytest.approx(0.2)
+    assert seed_band({1: 1.0, 2: math.nan}, {1: 1.0, 2: 1.0}).step[2] == math.inf
 
 
 def test_verdicts_on_synthetic_curves():
     a = curve([4.0, 3.9, 3.8, 3.7, 3.6], [1.0, 0.9, 0.8, 0.7, 0.6])
-    band = {s: 0.05 for s in range(1, 6)}
+    band = Band({s: 0.05 for s in range(1, 6)}, {s: 0.05 for s in range(1, 6)})
     v = judge(a, curve([4.0, 3.9, 3.8, 3.7, 3.6], [1.0, 0.9, 0.8, 0.7, 0.6]), EXACT, band)
     assert (v.verdict, v.first_diff, v.first_part, v.max_abs) == (EXACT, None, None, 0.0)
     # one grad norm off by a bit: not exact; must-not-change option parts, with no step beyond the band
@@ -181,6 +190,18 @@ def test_verdicts_on_synthetic_curves():
     assert judge(a, b, NOISE, None).verdict == "unverified"  # no band, no rtol: nothing to judge noise by
     v = judge(a, curve([4.0, 3.95, 3.9, 3.85, 3.8], skipped=[1, 2, 2, 2, 2]), NOISE, band)
     assert (v.skipped_now, v.first_skip) == (2, 1)
+    # seeds whose gap is batch noise (+-0.1 from step 2): per-step band 0.1, trend band 0.05 (the mean of steps 1-2).
+    # A rung 0.08 above from step 3 on stays inside the per-step band but not inside the trend band (its 10-step
+    # mean passes 0.05 at step 6); one 0.08 off both ways is noise.
+    plain = [4.0 - 0.01 * s for s in range(12)]
+    band = seed_band(dict(enumerate(plain, 1)), {s: v + (0.1 * (-1) ** s if s > 1 else 0.0)
+                                                  for s, v in enumerate(plain, 1)})
+    assert band.step[12] == pytest.approx(0.1) and band.trend[12] == pytest.approx(0.05)
+    drift = curve([v + (0.08 if s > 2 else 0.0) for s, v in enumerate(plain, 1)])
+    v = judge(curve(plain), drift, NOISE, band)
+    assert (v.verdict, v.first_part, v.part_by) == ("PARTS", 6, "trend") and "trend band" in v.reason
+    noisy = curve([v + (0.08 * (-1) ** s if s > 2 else 0.0) for s, v in enumerate(plain, 1)])
+    assert judge(curve(plain), noisy, NOISE, band).verdict == "within noise"
 
 
 # --- the ladder directory: resume, failures, another target --------------------------------------------------

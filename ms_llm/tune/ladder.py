@@ -30,7 +30,7 @@ from ms_llm.tune import ladder_output as out
 from ms_llm.tune import trial as tr
 from ms_llm.tune.ladder_launch import Interrupted, Launcher, clock, move_aside
 from ms_llm.tune.ladder_plan import Machine, missing_hardware, plan_rungs, seed_rung, train_command, world_size
-from ms_llm.tune.ladder_verdict import Curves, judge, seed_band, skipped_note
+from ms_llm.tune.ladder_verdict import TREND, Curves, judge, seed_band, skipped_note
 
 LOCK = "ladder.lock"
 MIN_STEPS = 5  # a verdict on fewer log records says little; the band needs a few steps to open
@@ -416,18 +416,20 @@ def judge_all(recs, rtol, ladder_dir):
 
 
 def band_summary(recs):
+    """The band as ladder.json keeps it: its definition, both envelopes at every step, and three readings."""
     cp, cs = rung_curves(recs[0]), rung_curves(recs[1])
-    if not (cp and cs):
-        return None
-    band = seed_band(cp.loss, cs.loss)
+    band = seed_band(cp.loss, cs.loss) if cp and cs else None
     if not band:
         return None
-    steps = sorted(band)
+    steps = sorted(band.step)
     mid = steps[len(steps) // 2]
     seeds = [recs[0]["seed"], recs[1]["seed"]]
     fin = lambda v: v if math.isfinite(v) else None  # noqa: E731 (JSON has no inf)
-    return {"definition": "band(t) = max over s <= t of |loss_seed1(s) - loss_seed2(s)| (plain config, seeds "
-                          f"{seeds[0]} and {seeds[1]})", "seeds": seeds, "at_first": fin(band[steps[0]]), "mid": mid,
-            "at_mid": fin(band[mid]), "final": fin(band[steps[-1]]), "last": steps[-1],
-            "steps": steps, "values": [fin(band[s]) for s in steps]}
-
+    return {"definition": f"with g = loss at seed {seeds[0]} - loss at seed {seeds[1]} (plain config): per-step "
+                          f"band(t) = max over s <= t of |g(s)|; trend band(t) = max over s <= t of |mean of g over "
+                          f"the {TREND} logged steps up to s|",
+            "seeds": seeds, "trend_steps": TREND, "mid": mid, "last": steps[-1],
+            "at_first": fin(band.step[steps[0]]), "at_mid": fin(band.step[mid]), "final": fin(band.step[steps[-1]]),
+            "trend_at_mid": fin(band.trend[mid]), "trend_final": fin(band.trend[steps[-1]]),
+            "steps": steps, "values": [fin(band.step[s]) for s in steps],
+            "trend_values": [fin(band.trend[s]) for s in steps]}

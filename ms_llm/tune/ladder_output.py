@@ -110,9 +110,11 @@ def summary_lines(doc):
     out = []
     band = doc.get("band") or {}
     if band.get("steps"):
-        out.append(f"seed-to-seed band (plain at seeds {band['seeds'][0]} and {band['seeds'][1]}): running max of "
-                   f"|Δloss| reaches {num(band['at_first'])} at step {band['steps'][0]}, {num(band['at_mid'])} at step "
-                   f"{band['mid']}, {num(band['final'])} at step {band['last']}")
+        out.append(f"seed-to-seed band (plain at seeds {band['seeds'][0]} and {band['seeds'][1]}): per step (running "
+                   f"max of |Δloss|) {num(band['at_first'])} at step {band['steps'][0]}, {num(band['at_mid'])} at "
+                   f"step {band['mid']}, {num(band['final'])} at step {band['last']}; trend (running max of the "
+                   f"{band['trend_steps']}-step mean Δloss) {num(band['trend_at_mid'])} at step {band['mid']}, "
+                   f"{num(band['trend_final'])} at step {band['last']}")
     for r in doc["rungs"]:
         v = r.get("verdict") or {}
         if r["status"] == "failed":

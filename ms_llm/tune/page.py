@@ -136,7 +136,7 @@ def write_lr_find_page(result, points, path):
 
 def write_ladder_page(doc, path):
     """The ladder's table and notes, every rung's curves overlaid (the report's panels), and the differences to
-    the rung before: |Δloss| on a log axis against the seed-to-seed band, Δloss signed, |Δ grad norm|."""
+    the rung before against the seed-to-seed band (ladder_difference_panels)."""
     from ms_llm.report import page
     from ms_llm.report.data import load_runs
     from ms_llm.report.payload import Builder
@@ -163,8 +163,10 @@ def write_ladder_page(doc, path):
 
 
 def ladder_difference_panels(builder, doc):
+    """Each rung's difference to the rung before against the seed-to-seed band: |Δloss| per step (log axis), the
+    trailing mean of Δloss (the trend the band's second envelope bounds), and |Δ grad norm| (log axis)."""
     from ms_llm.rundir.reader import read_jsonl
-    from ms_llm.tune.ladder_verdict import Curves
+    from ms_llm.tune.ladder_verdict import Curves, gaps, trailing_means
 
     def curves(r):
         if r["status"] not in ("finished", "halted"):
@@ -172,39 +174,42 @@ def ladder_difference_panels(builder, doc):
         return Curves.from_records(read_jsonl(os.path.join(r["run_dir"], "metrics.jsonl"))[0])
 
     chain = [doc["rungs"][0]] + doc["rungs"][2:]
-    pairs = [(chain[i - 1], chain[i]) for i in range(1, len(chain))]
     band = doc.get("band") or {}
-    log_p = builder.panel("curves", "ladder_absdiff", "|Δloss| against the rung before (log axis; a rung identical "
-                          "to the one before has no line; dashed black: the seed-to-seed band)", axis="curve",
+    n = band.get("trend_steps") or 10
+    log_p = builder.panel("curves", "ladder_absdiff", "|Δloss| against the rung before, per step (log axis; a rung "
+                          "identical to the one before has no points; dashed black: the per-step seed band)",
                           value_label="|Δloss|", y_log=True, x_label="step", x_format="@x",
                           legend_location="bottom_right")
-    signed = builder.panel("curves", "ladder_diff", "Δloss = rung − rung before (dashed: ± the seed-to-seed band)",
-                           axis="curve", value_label="Δloss", hlines=[0.0], x_label="step", x_format="@x")
+    trend = builder.panel("curves", "ladder_trend", f"mean Δloss over the last {n} steps, rung − rung before "
+                          f"(dashed black: ± the trend seed band)", value_label=f"{n}-step mean Δloss",
+                          hlines=[0.0], x_label="step", x_format="@x")
     grad = builder.panel("curves", "ladder_graddiff", "|Δ grad norm| against the rung before (log axis)",
-                         axis="curve", value_label="|Δ grad norm|", y_log=True, x_label="step", x_format="@x")
-    for p in (log_p, signed, grad):
+                         value_label="|Δ grad norm|", y_log=True, x_label="step", x_format="@x")
+    for p in (log_p, trend, grad):
         p["y_format"] = "@y{0.000e}"
-    for i, (before, now) in enumerate(pairs, 1):
+    for i in range(1, len(chain)):
+        before, now = chain[i - 1], chain[i]
         a, b = curves(before), curves(now)
         if not (a and b):
             continue
-        steps = sorted(set(a.loss) & set(b.loss))
-        d = [b.loss[s] - a.loss[s] for s in steps]
+        d = gaps(b.loss, a.loss)
+        steps = [s for s, _ in d]
         g = [abs(b.grad_norm.get(s, math.nan) - a.grad_norm.get(s, math.nan)) for s in steps]
         label = f"{now['dir']} − {before['dir']}"
         # markers: a difference at isolated steps (zero, hence no point, around them) is no line
-        builder.series(log_p, i, steps, [abs(x) if x else math.nan for x in d], label, markers=True)
-        builder.series(signed, i, steps, d, label)
+        builder.series(log_p, i, steps, [abs(x) if x else math.nan for _, x in d], label, markers=True)
+        builder.series(trend, i, steps, [m for _, m in trailing_means(d, n)], label)
         builder.series(grad, i, steps, [x if x else math.nan for x in g], label, markers=True)
     if band.get("steps"):
-        xs, ys = band["steps"], [v if isinstance(v, (int, float)) else math.nan for v in band["values"]]
-        builder.series(log_p, 0, xs, [y if y else math.nan for y in ys], "seed-to-seed band", dash="dashed")
-        log_p["series"][-1]["color"] = "#000000"
-        builder.series(signed, 0, xs, ys, "+ band", dash="dashed")
-        builder.series(signed, 0, xs, [-y for y in ys], "− band", dash="dashed")
-        for s in signed["series"][-2:]:
+        xs = band["steps"]
+        per_step = [v if isinstance(v, (int, float)) else math.nan for v in band["values"]]
+        trend_band = [v if isinstance(v, (int, float)) else math.nan for v in band["trend_values"]]
+        builder.series(log_p, 0, xs, [y if y else math.nan for y in per_step], "per-step seed band", dash="dashed")
+        builder.series(trend, 0, xs, trend_band, "+ trend seed band", dash="dashed")
+        builder.series(trend, 0, xs, [-y for y in trend_band], "− trend seed band", dash="dashed")
+        for s in [log_p["series"][-1]] + trend["series"][-2:]:
             s["color"] = "#000000"
-    return [p for p in (log_p, signed, grad) if p["series"]]
+    return [p for p in (log_p, trend, grad) if p["series"]]
 
 
 def ladder_summary_html(doc, page):
@@ -225,9 +230,10 @@ def ladder_summary_html(doc, page):
     band = doc.get("band") or {}
     if band.get("definition"):
         out.append(f'<p class="note">noise band: {page.esc(band["definition"])}; a rung expected to move the '
-                   f'numbers is within noise while |Δloss(t)| <= band(t) + rtol x |loss(t)| (rtol {doc["rtol"]:g}) at '
-                   f'every step; one that must not change them is exact only when every logged loss and grad norm is '
-                   f'bit-identical.</p>')
+                   f'numbers is within noise while, at every step, |Δloss(t)| <= per-step band(t) and |mean Δloss '
+                   f'over the last {band.get("trend_steps")} steps| <= trend band(t) (each + rtol x |loss(t)|, rtol '
+                   f'{doc["rtol"]:g}); one that must not change them is exact only when every logged loss and grad '
+                   f'norm is bit-identical (docs/ladder.md).</p>')
     out += [f'<p class="note">{page.esc(line)}</p>' for line in summary_lines(doc)]
     out += [f'<p class="note">note: {page.esc(n)}</p>' for n in doc.get("notes") or []]
     return "".join(out)
