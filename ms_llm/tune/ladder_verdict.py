@@ -227,8 +227,7 @@ def judge(before, now, expected, band, rtol=0.0):
         else:
             width = band_at(band.step if band else None, v.max_abs_step) or 0.0
             v.reason = (f"largest |Δloss| {v.max_abs:.3g} at step {v.max_abs_step}"
-                        + (f", {width / v.max_abs:.2g} times inside the per-step band there ({width:.3g})" if width
-                           else f", inside rtol {rtol:g} x |loss|"))
+                        + (f" (the per-step band there: {width:.3g})" if width else f", inside rtol {rtol:g} x |loss|"))
         return v
     v.verdict = PARTS
     if v.first_part is None:
