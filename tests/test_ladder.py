@@ -286,6 +286,7 @@ def test_an_interrupted_ladder_resumes_without_rerunning_finished_rungs(tmp_path
     assert verdicts == {"plain": None, "plain-seed2": None, "compile_cache": EXACT, "recompute": EXACT,
                         "cpu_kernels": EXACT, "compute_dtype": "within noise", "data_parallel": EXACT}
     assert code == 0 and doc["band"]["final"] == pytest.approx(0.02)
+    assert all(r["wall_s"] == 1.0 for r in doc["rungs"])  # the rungs of the first invocation keep theirs
     dp = doc["rungs"][-1]
     assert dp["speedup"] == pytest.approx(1.5) and dp["ranks"] == 2 and "msrun --worker_num=2" in dp["cluster_command"]
     fake.ran = []  # a third time: nothing left to train

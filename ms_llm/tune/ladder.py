@@ -211,6 +211,9 @@ def ladder(config, steps=100, rtol=0.0, ladder_dir=None, print_commands=False, e
     previous = open_ladder_dir(ladder_dir, ident, echo)
     write_configs(rungs, seed, ladder_dir)
     recs = records(rungs, seed, ladder_dir, this_machine())
+    before = {r.get("dir"): r for r in (previous or {}).get("rungs") or []}
+    for r in recs:  # a rung trained by an earlier invocation keeps its wall time and log
+        r.update({k: before.get(r["dir"], {}).get(k) for k in ("wall_s", "log")})
     doc_path = os.path.join(ladder_dir, "ladder.json")
     for n in notes:
         echo(f"note: {n}")
