@@ -115,6 +115,12 @@ def test_the_order_exact_first_then_noise_and_each_option_after_what_it_needs():
     assert {r.name: r.expect for r in rungs}["loss_scale"] == NOISE
 
 
+def test_fused_cpu_kernels_are_no_rung_of_a_target_set_to_run_on_ascend():
+    names = lambda *parts: [r.name for r in plan_rungs(target(*parts), 50)[0]]  # noqa: E731
+    assert "cpu_kernels" not in names(SHOWN, {"context": {"device_target": "Ascend"}})
+    assert "cpu_kernels" in names(SHOWN, {"context": {"device_target": "auto"}})
+
+
 def test_a_difference_no_option_claims_is_a_rung_of_its_own_named_by_its_key(monkeypatch):
     monkeypatch.setitem(PLAIN, "train.clip_grad", 0.0)  # a plain rule without an entry in the options table
     rungs, _ = plan_rungs(target(SHOWN), 50)

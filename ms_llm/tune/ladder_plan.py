@@ -69,11 +69,16 @@ UNKNOWN_WHY = "not in the ladder's table of known options: judged by the noise b
 UNKNOWN_ORDER = len(OPTIONS)
 
 
-def _jit_plain(target_value):
-    return "O0" if target_value in ("O1", "O2") else target_value  # no fusion level unless the target asks for one
+def _jit_plain(value, target):
+    return "O0" if value in ("O1", "O2") else value  # no fusion level unless the target asks for one
 
 
-# The plain rung: key -> plain value (or a function of the target's value).
+def _cpu_kernels_plain(value, target):
+    # the fused kernels exist on CPU only: a target set to run on Ascend or GPU would get a rung that changes nothing
+    return value if target.get("context.device_target") in ("Ascend", "GPU") else False
+
+
+# The plain rung: key -> plain value, or a function (target's value, whole flat target) -> plain value.
 PLAIN: Dict[str, Any] = {
     "context.compile_cache": False,
     "checkpoint.async_save": False,
@@ -81,7 +86,7 @@ PLAIN: Dict[str, Any] = {
     "recompute_config.recompute": False,
     "recompute_config.select_recompute": False,
     "precision.loss_scale": "none",
-    "context.cpu_kernels": False,
+    "context.cpu_kernels": _cpu_kernels_plain,
     "context.jit_level": _jit_plain,
     "precision.compute_dtype": "float32",
     "parallel_config.data_parallel": 1,
@@ -185,7 +190,7 @@ def plain_flat(target_flat):
     out = dict(target_flat)
     for key, rule in PLAIN.items():
         if key in out:
-            out[key] = rule(out[key]) if callable(rule) else rule
+            out[key] = rule(out[key], target_flat) if callable(rule) else rule
     return out
 
 
