@@ -241,7 +241,8 @@ def print_all(recs, config, ladder_dir, steps, echo):
         echo(f"# {r['dir']}: {what}" + (f" (not on this machine: {r['reason']})" if r["reason"] else ""))
         echo(r["cluster_command"] + (" --resume" if state == "resumable" else ""))
     echo(f"# when they are done (run directories under {os.path.join(ladder_dir, 'rungs')}), judge them here: "
-         f"ms-llm debug ladder --config {config} --ladder-dir {ladder_dir} (finished rungs are not rerun)")
+         f"ms-llm debug ladder --config {shlex.quote(config)} --steps {steps} --ladder-dir {shlex.quote(ladder_dir)} "
+         f"(finished rungs are not rerun)")
     return 0
 
 
@@ -290,8 +291,8 @@ def run_all(recs, ident, notes, rtol, ladder_dir, doc_path, config, echo, launch
         from ms_llm.tune.page import write_ladder_page
 
         page = write_ladder_page(doc, os.path.join(ladder_dir, "ladder.html"))
-    except UserError as e:
-        echo(f"warning: ladder.html not written: {e}")
+    except Exception as e:  # noqa: BLE001 (the page is a view of ladder.json, written already: keep the table)
+        echo(f"warning: ladder.html not written ({type(e).__name__}: {e}); ladder.json holds every result")
     echo("")
     echo(out.format_table(recs))
     for line in out.summary_lines(doc):
