@@ -100,7 +100,7 @@ PLAIN: Dict[str, Any] = {
 }
 
 SEED_RUNG = "plain-seed2"  # the plain config at train.seed + 1: the seed-to-seed band
-RUNS_PER_SAVE = 20  # checkpoints per rung (kept, all): one near any parting step, for the localisation dump
+SAVES_PER_RUNG = 20  # checkpoints per rung (kept, all): one near any parting step, for the localisation dump
 
 
 @dataclass
@@ -167,7 +167,7 @@ def economy(target, steps):
     per step, checkpoints near any step (kept, for the localisation dump), an evaluation at the end only, and
     nothing sent to remote storage. Returns ({key: value}, [notes])."""
     t, notes = target["train"], []
-    save = max(1, steps // RUNS_PER_SAVE)
+    save = max(1, steps // SAVES_PER_RUNG)
     decay = t.get("decay_steps")
     if decay is None and t["max_steps"] > t["warmup_steps"]:
         decay = t["max_steps"]  # the target's cosine/linear decay, of which the ladder trains the first N steps
