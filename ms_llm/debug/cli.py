@@ -1,4 +1,5 @@
-"""The debugging commands: `doctor`, `debug overfit|nan|dump`, `compare`."""
+"""The debugging commands: `doctor`, `debug overfit|nan|dump` (and `debug lr-find|ladder` from ms_llm/tune),
+`compare`."""
 import glob
 import json
 import os
@@ -103,7 +104,7 @@ def add_parsers(sub):
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke train")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("debug", help="divergence toolkit: overfit, nan, dump, lr-find")
+    p = sub.add_parser("debug", help="divergence toolkit: overfit, nan, dump, lr-find, ladder")
     dsub = p.add_subparsers(dest="debug_command", metavar="tool", parser_class=type(p))
     dsub.required = True
     q = dsub.add_parser("overfit", help="can the model memorise a few samples? (bugs vs data)")
@@ -124,8 +125,9 @@ def add_parsers(sub):
     q.add_argument("--output", required=True)
     add_set_argument(q, help="e.g. precision.compute_dtype=float16 to dump the same weights in another precision")
     q.set_defaults(func=cmd_dump)
-    from ms_llm.tune.cli import add_lr_find_parser  # the LR range test lives with the sweep (ms_llm/tune)
+    from ms_llm.tune.cli import add_ladder_parser, add_lr_find_parser  # they live with the sweep (ms_llm/tune)
     add_lr_find_parser(dsub)
+    add_ladder_parser(dsub)
 
     p = sub.add_parser("compare", help="layer-by-layer comparison of two dumps (or runs with dumps/)")
     p.add_argument("a")

@@ -47,7 +47,7 @@
     });
     p.add_tools(new Bokeh.HoverTool({renderers: lines, mode: "vline", tooltips: [
       ["run", "@run"], [panel.x_label || data.x_label, panel.x_format || "@x{0,0}"],
-      [panel.value_label, "@y{0,0.[0000]}"]]}));
+      [panel.value_label, panel.y_format || "@y{0,0.[0000]}"]]}));
     (panel.hlines || []).forEach(function (y) {
       p.add_layout(new Bokeh.Span({location: y, dimension: "width", line_color: y === 0 ? "#555555" : "#d62728",
                                    line_dash: y === 0 ? "solid" : "dashed", line_width: 1.2}));
