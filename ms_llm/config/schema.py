@@ -34,8 +34,8 @@ class RopeScalingConfig:
 class ModelConfig:
     arch: str = opt("gpt2", "model family; llama covers its relatives (Llama 3, Qwen2.5, Qwen3, Mistral) through the "
                             "options below or a preset", choices=("gpt2", "llama"))
-    preset: Optional[str] = opt(None, f"named shape, one of {', '.join(PRESETS)} (docs/models.md); keys set next to "
-                                      f"it override the preset")
+    preset: Optional[str] = opt(None, f"named shape, one of {', '.join(PRESETS)}; keys set next to it override the "
+                                      f"preset (docs/models.md)")
     num_layers: int = opt(4, "decoder layers")
     hidden_size: int = opt(128, "model width")
     num_heads: int = opt(4, "attention heads")
