@@ -380,6 +380,7 @@ def test_bad_device_memory_exits_2(tmp_path, capsys):
     assert "--device-memory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_shell_exit_codes(tmp_path):
     """Through a real process: findings give exit status 1 (CI gate), bad input 2."""
     recs = healthy()
