@@ -59,9 +59,9 @@ def write_page(result, path):
                     f"(dashed: tolerance{extra})", n, lines("forward")),
               panel(builder, rows, "gradient", "backward", f"backward: max relative error of each parameter's "
                     f"gradient (dashed: tolerance{extra})", n, lines("gradient"))]
-    if any(r["kind"] == "update" for r in rows):
-        panels.append(panel(builder, rows, "update", "update", f"one AdamW step: max relative error of each "
-                            f"parameter's update (dashed: tolerance{extra})", n, lines("update")))
+    if any(r["kind"] == "weight" for r in rows):
+        panels.append(panel(builder, rows, "weight", "weights", f"after one AdamW step: max relative error of each "
+                            f"parameter (dashed: tolerance{extra})", n, lines("weight")))
     first, worst = result["first_over"], result["largest_relative_error"]
     verdict = (f"first module over tolerance: {first['ours']} ({first['theirs']}), {first['kind']}" if first
                else "all modules within tolerance")
