@@ -21,7 +21,8 @@ from test_convert import gpt2_hf, write_hf
 FAMILIES = ("gpt2", "llama")
 LAYERS, VOCAB, T = 2, 128, 32
 # The float32 and float16 fixtures run the training step compiled (graph mode, the default); the other comparisons
-# run it in PyNative, which skips two compiles and, on CPU, gives the same numbers (the name-map test checks that).
+# run it in PyNative, which skips two compiles. On CPU the two modes agree to rounding: identical rows for GPT-2,
+# gradients about 1e-9 apart for Llama (the module outputs come from PyNative hooks either way).
 PYNATIVE = ("--set", "context.mode=pynative")
 
 
@@ -241,8 +242,8 @@ def test_a_name_map_matches_your_own_model_and_needs_no_torch(hf, fp32, tmp_path
     code, out, r = run_json("--hf", hf["llama"], "--reference-dump", tmp_path / "own", "--name-map",
                             tmp_path / "map.yaml", "--output-dir", tmp_path / "o", *PYNATIVE)
     assert code == 0 and "all modules within tolerance" in out, out[-3000:]
-    # the same numbers as the comparison with transformers' own names (whose step ran compiled)
-    same = lambda rows: [(x["kind"], x["ours"], x["max_abs"]) for x in rows if x["kind"] != "weight"]  # noqa: E731
+    # every module output and the loss as in the comparison under transformers' own names: the same numbers
+    same = lambda rows: [(x["ours"], x["max_abs"]) for x in rows if x["kind"] in ("forward", "loss")]  # noqa: E731
     assert same(r["rows"]) == same(fp32["llama"][2]["rows"])
     theirs = {x["ours"]: x["theirs"] for x in r["rows"]}
     assert theirs["layers.0.attention"] == "net.layers.0.self_attn"

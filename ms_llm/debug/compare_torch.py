@@ -20,6 +20,7 @@ or a value is non-finite.
 import datetime
 import json
 import os
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -371,11 +372,12 @@ def label(row):
 
 
 def compare_torch(hf_dir, batch_size=2, seq_length=None, seed=0, data=None, compute_dtype=None, output_dir=None,
-                  reference_dump=None, name_map_path=None, config=None, overrides=(), log=print):
+                  reference_dump=None, name_map_path=None, config=None, overrides=(), log=None):
     """Run the comparison; returns the result dict (also written to OUTPUT/compare.json, plotted in
     OUTPUT/compare.html)."""
     from ms_llm.train.context import setup_context
 
+    log = log or (lambda msg: print(msg, flush=True))
     hf_cfg, section, tensors = read_checkpoint(hf_dir)
     model_type = hf_cfg["model_type"]
     cfg = build_config(section, config, overrides, compute_dtype)
@@ -425,15 +427,20 @@ def compare_torch(hf_dir, batch_size=2, seq_length=None, seed=0, data=None, comp
     log(f"compare-torch: {model_type} ({m.num_layers} layers, hidden {m.hidden_size}, vocab {m.vocab_size}) from "
         f"{hf_dir}; batch {batch.shape[0]} x {batch.shape[1] - 1} tokens, {source}")
     torch_model = None
+    started = time.perf_counter()
     if reference_dump:
         ref_index, ref_forward, ref_grads = read_dump(reference_dump)
         ref_dir = reference_dump
     else:
         ref_dir = os.path.join(out, "reference")
+        log(f"[1/2] transformers: forward and backward in float32 on CPU → {ref_dir}")
         needed = [th for _, th in module_pairs(model_type, m.num_layers)]
         torch_model, ref_index, ref_forward, ref_grads = run_transformers(hf_dir, batch, needed, ref_dir)
     f_ref, g_ref, theirs = reference_in_our_names(cfg, model_type, tensors, prefix, ref_index, ref_forward,
                                                   ref_grads, name_map)
+    log(f"[2/2] ms_llm {dtype}: module outputs (PyNative), then one training step in {cfg.context.mode} mode"
+        + (" (compiling two graphs takes about a minute on CPU)" if cfg.context.mode == "graph" else "")
+        + f"; {time.perf_counter() - started:.0f} s so far")
     ours = run_ms_llm(cfg, arrays, batch, rt.device_target)
     ref_after = None
     if torch_model is not None:  # both optimizers get ms_llm's gradients: the step rows see the optimizers alone
@@ -514,5 +521,5 @@ def format_result(r):
         lines.append("first module over the float32 band (~): " + (f"{b['ours']} ({b['theirs']})" if b else "none"))
     f = r["first_over"]
     lines.append(f"first module over tolerance: {label(f)} ({f['theirs']})" if f else "all modules within tolerance")
-    lines.append(f"wrote {os.path.join(r['output_dir'], 'compare.json')} and {r['html']}")
+    lines.append(f"wrote compare.json, compare.html and batch.npy to {r['output_dir']}")
     return "\n".join(lines)
