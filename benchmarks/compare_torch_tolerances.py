@@ -89,7 +89,8 @@ def derive(worst32, worst16):
     band = {k: float(f"{round_up(worst32[k] * MARGIN):.0e}") for k in KINDS}
     table = {"float32": dict(band)}
     for dtype in ("float16", "bfloat16"):
-        table[dtype] = {k: float(f"{round_up(band[k] + MARGIN * worst16[k] / UNIT_ROUNDOFF['float16'] * UNIT_ROUNDOFF[dtype]):.0e}")
+        units = {k: worst16[k] / UNIT_ROUNDOFF["float16"] for k in KINDS}
+        table[dtype] = {k: float(f"{round_up(band[k] + MARGIN * units[k] * UNIT_ROUNDOFF[dtype]):.0e}")
                         if k in IN_COMPUTE_DTYPE else band[k] for k in KINDS}
     return table
 
