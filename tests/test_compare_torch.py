@@ -250,6 +250,11 @@ def test_a_name_map_matches_your_own_model_and_needs_no_torch(hf, fp32, tmp_path
     assert theirs["layers.0.mlp.gate_up.weight"] == "net.layers.0.mlp.{gate_proj,up_proj}.weight"
     assert [x["ours"] for x in r["rows"] if x["kind"] == "forward"] == forward_names()
     assert len([x for x in r["rows"] if x["kind"] == "gradient"]) == 3 + 6 * LAYERS
+    # the dump written in ms_llm's names needs no map, and compares the same
+    code, _, again = run_json("--hf", hf["llama"], "--reference-dump", tmp_path / "mapped", "--output-dir",
+                              tmp_path / "o2", *PYNATIVE)
+    rows = lambda r: [(x["ours"], x["theirs"], x["max_abs"]) for x in r["rows"]]  # noqa: E731
+    assert code == 0 and rows(again) == rows(r)
 
 
 def test_name_map_patterns_rename_and_concatenate_in_map_order():
@@ -417,8 +422,10 @@ print(sorted(m for m in sys.modules if m.startswith("ms_llm")))
 @pytest.mark.slow
 def test_a_dataset_batch(hf, dataset, tmp_path):
     code, out, r = run_json("--hf", hf["gpt2"], "--data", dataset, "--batch-size", 3, "--output-dir", tmp_path / "o",
-                            *PYNATIVE)
+                            *PYNATIVE, "--set", "train.weight_decay=0.01", "--set", "train.lr=3e-4")
     assert code == 0 and "all modules within tolerance" in out, out[-3000:]
+    assert (r["optimizer"]["weight_decay"], r["optimizer"]["lr"]) == (0.01, 3e-4)  # the step took --set's values
+    assert "AdamW lr 0.0003 betas (0.9, 0.99) eps 1e-08 weight decay 0.01 on matrices" in out
     from ms_llm.data.loader import eval_batches
     from ms_llm.data.manifest import load_manifest
 

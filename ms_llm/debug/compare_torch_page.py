@@ -39,6 +39,9 @@ def panel(builder, rows, kind, pid, title, num_layers, lines):
         pts.sort()
         builder.series(p, i, [x for x, _ in pts], [y for _, y in pts], role, markers=True)
     p["hlines"] = lines
+    ys = [y for pts in series.values() for _, y in pts if y < float("inf")] or [FLOOR]
+    p["y_range"] = [min(ys) / 3, max(ys + lines) * 3]  # the tolerance lines in view, not only the points
+    p["x_range"] = [-1.5, num_layers + 0.5 + 0.4 * (num_layers + 2)]  # the right part for the legend
     return p
 
 
@@ -71,19 +74,20 @@ def write_page(result, path):
         notes.append("first module over the float32 band: " + (f"{b['ours']} ({b['theirs']})" if b else "none"))
     table = page.table(["kind", "ms_llm", "reference", "shape", "max abs", "max rel", "cosine", "tolerance", "over"],
                        [[r["kind"], r["ours"], r["theirs"], "x".join(map(str, r["shape"])) or "scalar", r["max_abs"],
-                         r["max_rel"], r["cosine"], r["tol"], "yes" if r["over"] else ""] for r in rows],
+                         r["max_rel"], f"{r['cosine']:.7f}", r["tol"], "yes" if r["over"] else ""] for r in rows],
                        numeric=(4, 5, 6, 7))
     ref = result["reference"]
     summary = "".join(f"<p><b>{page.esc(x)}</b></p>" for x in notes) + (
         f'<p class="note">ms_llm {page.esc(dtype)} on {page.esc(result["device"])} against '
         f'{page.esc(ref["framework"])} {page.esc(ref["compute_dtype"])}; batch {page.esc(result["batch"]["shape"])} '
         f'({page.esc(result["batch"]["source"])}). Max rel = max |ours - theirs| / max |theirs|; zero errors are '
-        f'drawn at {FLOOR:g}.</p>') + table
+        f'drawn at {FLOOR:g}.</p>')
     grid = "".join(page.panel_html(p["id"], p["title"], wide=True) for p in panels)
-    sections = {"summary": summary, "curves": f'<div class="grid">{grid}</div>'}
+    # the page's sections come in the report's order: verdict, then the plots, then every row
+    sections = {"summary": summary, "curves": f'<div class="grid">{grid}</div>', "config": table}
     html = page.document(f"ms_llm compare-torch: {result['model_type']} {dtype}", f"{result['hf_dir']}", sections,
                          {"x_label": "layer", "panels": panels, "events": builder.event_lines()},
-                         headings={"summary": "Comparison", "curves": "Error per layer"},
+                         headings={"summary": "Comparison", "curves": "Error per layer", "config": "Every row"},
                          tool="ms-llm debug compare-torch")
     atomic_write_bytes(path, html.encode("utf-8"))
     return path
