@@ -425,7 +425,7 @@ def test_a_dataset_batch(hf, dataset, tmp_path):
                             *PYNATIVE, "--set", "train.weight_decay=0.01", "--set", "train.lr=3e-4")
     assert code == 0 and "all modules within tolerance" in out, out[-3000:]
     assert (r["optimizer"]["weight_decay"], r["optimizer"]["lr"]) == (0.01, 3e-4)  # the step took --set's values
-    assert "AdamW lr 0.0003 betas (0.9, 0.99) eps 1e-08 weight decay 0.01 on matrices" in out
+    assert "AdamW lr 0.0003 betas (0.9, 0.99) eps 1e-08, weight decay 0.01 on matrices" in out
     from ms_llm.data.loader import eval_batches
     from ms_llm.data.manifest import load_manifest
 

@@ -153,7 +153,7 @@ def add_parsers(sub):
     q.add_argument("--name-map", metavar="M.yaml", help="with --reference-dump: 'their name: ms_llm name' lines")
     q.add_argument("--config", help="training config whose train/precision/context sections to use (the model "
                                     "comes from --hf)")
-    add_set_argument(q, help="e.g. train.weight_decay=0.01 train.clip_grad=0.5 for the optimizer step")
+    add_set_argument(q, help="repeatable, e.g. --set train.weight_decay=0.01: the optimizer step's settings")
     q.set_defaults(func=cmd_compare_torch)
     from ms_llm.tune.cli import add_lr_find_parser  # the LR range test lives with the sweep (ms_llm/tune)
     add_lr_find_parser(dsub)

@@ -498,16 +498,16 @@ def jsonable(obj):
 def format_result(r):
     ref = r["reference"]
     o = r["optimizer"]
-    lines = [f"ms_llm {r['compute_dtype']} on {r['device']} (MindSpore {r['mindspore']}; module outputs from "
-             f"PyNative hooks, loss, gradients and step from the training step in {r['mode']} mode) vs "
-             f"{ref['framework']} {ref['compute_dtype']}"
-             + ("" if ref["made_here"] else f" (dump {ref['dir']})"),
+    lines = [f"ms_llm {r['compute_dtype']} on {r['device']} (MindSpore {r['mindspore']}) vs {ref['framework']} "
+             f"{ref['compute_dtype']}" + ("" if ref["made_here"] else f" (dump {ref['dir']})"),
+             f"ms_llm's module outputs from PyNative hooks; its loss, gradients and step from the training step "
+             f"({r['mode']} mode)",
              f"batch {r['batch']['shape'][0]} x {r['batch']['shape'][1] - 1} tokens, {r['batch']['source']}, sha256 "
              f"{r['batch']['sha256'][:16]}"]
     if o["compared"]:
-        lines.append(f"one step (ms_llm's TrainStep; torch given ms_llm's gradients): clip {o['clip_grad']:g}, AdamW "
-                     f"lr {o['lr']:g} betas ({o['beta1']:g}, {o['beta2']:g}) eps {o['eps']:g} weight decay "
-                     f"{o['weight_decay']:g} on matrices; loss scale {o['loss_scale']}; grad norm {o['grad_norm']:.6g}"
+        lines.append(f"one step, torch given ms_llm's gradients: clip {o['clip_grad']:g}, AdamW lr {o['lr']:g} betas "
+                     f"({o['beta1']:g}, {o['beta2']:g}) eps {o['eps']:g}, weight decay {o['weight_decay']:g} on "
+                     f"matrices;\n  loss scale {o['loss_scale']}; grad norm {o['grad_norm']:.6g}"
                      + ("" if o["step_code"] == 0 else f"; ms_llm SKIPPED the update (code {o['step_code']})"))
         if not abs(o["read_grad_norm"] - o["grad_norm"]) <= 1e-4 * o["grad_norm"]:  # the two micro-batches differed
             lines.append(f"note: the step's gradient norm {o['grad_norm']:.6g} is not the norm of the gradients read "
