@@ -304,9 +304,18 @@ def numpy_gpt2(tmp_path):
     return str(tmp_path / "hf"), cfg, tensors
 
 
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    """Each test runs in its own folder, where the default output folder (compare_torch/...) would appear."""
+    monkeypatch.chdir(tmp_path)
+
+
 def refused(*args):
+    """stderr of a refused comparison; nothing may have been written (--output-dir or the default folder)."""
+    before = set(os.listdir("."))
     code, out, err = run(*args)
     assert code == 2 and "Traceback" not in err and err.startswith("error: "), (code, out, err)
+    assert set(os.listdir(".")) == before
     return err
 
 

@@ -424,6 +424,10 @@ def compare_torch(hf_dir, batch_size=2, seq_length=None, seed=0, data=None, comp
     prefix = hf.detect_prefix(tensors, m.arch)
     arrays = hf.hf_to_ours(tensors, m, prefix)
     hf.check_shapes(cfg, arrays)
+    if reference_dump:  # names and shapes are checked before anything is written
+        ref_index, ref_forward, ref_grads = read_dump(reference_dump)
+        f_ref, g_ref, theirs = reference_in_our_names(cfg, model_type, tensors, prefix, ref_index, ref_forward,
+                                                      ref_grads, name_map)
     os.makedirs(out, exist_ok=True)
     np.save(os.path.join(out, "batch.npy"), batch)
     t = cfg.train
@@ -431,16 +435,14 @@ def compare_torch(hf_dir, batch_size=2, seq_length=None, seed=0, data=None, comp
         f"{hf_dir}; batch {batch.shape[0]} x {batch.shape[1] - 1} tokens, {source}")
     torch_model = None
     started = time.perf_counter()
-    if reference_dump:
-        ref_index, ref_forward, ref_grads = read_dump(reference_dump)
-        ref_dir = reference_dump
-    else:
+    ref_dir = reference_dump
+    if not reference_dump:
         ref_dir = os.path.join(out, "reference")
         log(f"[1/2] transformers: forward and backward in float32 on CPU → {ref_dir}")
         needed = [th for _, th in module_pairs(model_type, m.num_layers)]
         torch_model, ref_index, ref_forward, ref_grads = run_transformers(hf_dir, batch, needed, ref_dir)
-    f_ref, g_ref, theirs = reference_in_our_names(cfg, model_type, tensors, prefix, ref_index, ref_forward,
-                                                  ref_grads, name_map)
+        f_ref, g_ref, theirs = reference_in_our_names(cfg, model_type, tensors, prefix, ref_index, ref_forward,
+                                                      ref_grads, name_map)
     log(f"{'' if reference_dump else '[2/2] '}ms_llm {dtype}: module outputs (PyNative), then one training step in "
         f"{cfg.context.mode} mode" + (" (compiling two graphs takes about a minute on CPU)"
                                       if cfg.context.mode == "graph" else "")
