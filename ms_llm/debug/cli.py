@@ -1,4 +1,4 @@
-"""The debugging commands: `doctor`, `debug overfit|nan|dump|compare-torch`, `compare`."""
+"""The debugging commands: `doctor`, `debug overfit|nan|dump`, `compare`."""
 import glob
 import json
 import os
@@ -114,7 +114,7 @@ def add_parsers(sub):
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke train")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("debug", help="divergence toolkit: overfit, nan, dump, compare-torch, lr-find")
+    p = sub.add_parser("debug", help="divergence toolkit: overfit, nan, dump, lr-find")
     dsub = p.add_subparsers(dest="debug_command", metavar="tool", parser_class=type(p))
     dsub.required = True
     q = dsub.add_parser("overfit", help="can the model memorise a few samples? (bugs vs data)")
@@ -129,12 +129,6 @@ def add_parsers(sub):
     q.add_argument("--step", type=int, help="a saved NaN step, or the checkpoint whose next step to replay")
     add_set_argument(q)
     q.set_defaults(func=cmd_nan)
-    q = dsub.add_parser("dump", help="per-module outputs and gradients on a fixed batch, for `ms-llm compare`")
-    q.add_argument("--run-dir", required=True)
-    q.add_argument("--step", type=int, help="checkpoint step (default: newest)")
-    q.add_argument("--output", required=True)
-    add_set_argument(q, help="e.g. precision.compute_dtype=float16 to dump the same weights in another precision")
-    q.set_defaults(func=cmd_dump)
     q = dsub.add_parser("compare-torch", help="a Hugging Face model in ms_llm against transformers/PyTorch: every "
                                               "module's output, gradient and one AdamW step; exit 1 over tolerance")
     q.add_argument("--hf", required=True, metavar="DIR", help="Hugging Face model folder (config.json + safetensors)")
@@ -155,6 +149,12 @@ def add_parsers(sub):
                                     "comes from --hf)")
     add_set_argument(q, help="repeatable, e.g. --set train.weight_decay=0.01: the optimizer step's settings")
     q.set_defaults(func=cmd_compare_torch)
+    q = dsub.add_parser("dump", help="per-module outputs and gradients on a fixed batch, for `ms-llm compare`")
+    q.add_argument("--run-dir", required=True)
+    q.add_argument("--step", type=int, help="checkpoint step (default: newest)")
+    q.add_argument("--output", required=True)
+    add_set_argument(q, help="e.g. precision.compute_dtype=float16 to dump the same weights in another precision")
+    q.set_defaults(func=cmd_dump)
     from ms_llm.tune.cli import add_lr_find_parser  # the LR range test lives with the sweep (ms_llm/tune)
     add_lr_find_parser(dsub)
 
