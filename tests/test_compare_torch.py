@@ -156,6 +156,41 @@ def test_float16_table_shows_where_precision_is_lost(fp16, family):
     assert all(x["max_rel"] <= r["float32_band"]["weight"] for x in rows if x["kind"] == "weight")
 
 
+# --- Llama's relatives: one entry of the module table each -------------------------------------------------------
+
+RELATIVES = {"qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}, "layers.0.attention.qkv.bias"),
+             "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}, "layers.0.attention.k_norm.weight"),
+             "mistral": ("MistralConfig", "MistralForCausalLM", {}, "layers.0.attention.qkv.weight")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", sorted(RELATIVES))
+def test_llamas_relatives_compare_through_the_llama_entry(family, tmp_path):
+    """qwen2 (q/k/v biases), qwen3 (q/k norms) and mistral share Llama's transformers module names: the module table
+    gives them Llama's entry, and they compare once the converter reads their checkpoints (ms_llm.interop.huggingface
+    lists the model_types it reads in FAMILIES; a checkout whose converter does not know the family skips)."""
+    import transformers
+
+    from ms_llm.interop import huggingface
+
+    if family not in getattr(huggingface, "FAMILIES", ()):
+        pytest.skip(f"the converter of this checkout does not read model_type {family} yet")
+    config, model, extra, param = RELATIVES[family]
+    import torch
+
+    torch.manual_seed(0)
+    cfg = getattr(transformers, config)(num_hidden_layers=LAYERS, hidden_size=64, num_attention_heads=4,
+                                        num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64,
+                                        vocab_size=VOCAB, bos_token_id=0, eos_token_id=0, **extra)
+    getattr(transformers, model)(cfg).save_pretrained(tmp_path / "hf")
+    code, out, r = run_json("--hf", tmp_path / "hf", "--output-dir", tmp_path / "o", *PYNATIVE)
+    assert code == 0 and "all modules within tolerance" in out, out[-3000:]
+    assert [x["ours"] for x in r["rows"] if x["kind"] == "forward"] == forward_names()
+    theirs = {x["ours"]: x["theirs"] for x in r["rows"]}
+    assert theirs["layers.1.attention"] == "model.layers.1.self_attn"
+    assert param in theirs and theirs[param].startswith("model.layers.0.self_attn.")
+
+
 # --- a planted defect, dumped with dump_module, is named first ------------------------------------------------
 
 @pytest.mark.slow
