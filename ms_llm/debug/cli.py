@@ -115,7 +115,7 @@ def add_parsers(sub):
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke train")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("debug", help="divergence toolkit: overfit, nan, dump, lr-find, ladder")
+    p = sub.add_parser("debug", help="divergence toolkit: overfit, nan, dump, compare-torch, lr-find, ladder")
     dsub = p.add_subparsers(dest="debug_command", metavar="tool", parser_class=type(p))
     dsub.required = True
     q = dsub.add_parser("overfit", help="can the model memorise a few samples? (bugs vs data)")
