@@ -155,16 +155,16 @@ THREADS = ["--set", "context.num_threads=1"] if os.environ.get("PYTEST_XDIST_WOR
 
 
 def tiny_train_args(dataset, run_dir, *extra):
-    """A tiny GPT on the small dataset: compiles in seconds, trains in a few more. The report, Insight summaries and
-    telemetry are off (they cost time and most tests do not read them); a test that reads them turns them on."""
+    """A tiny GPT on the small dataset: compiles in seconds, trains in a few more. The report and Insight summaries
+    are off (they cost time and most tests do not read them); a test that reads them turns them on. Telemetry stays
+    on: diagnose reads it to tell host contention from the run's own stalls."""
     return ["train", "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"), "--run-dir", str(run_dir),
             "--set", f"data.dataset_dir={dataset}", "--set", "data.source=null",
             "--set", "model.num_layers=2", "--set", "model.hidden_size=32", "--set", "model.num_heads=2",
             "--set", "model.seq_length=32", "--set", "train.global_batch_size=8", "--set", "train.micro_batch_size=8",
             "--set", "train.max_steps=30", "--set", "train.warmup_steps=5", "--set", "train.log_interval=10",
             "--set", "train.eval_interval=20", "--set", "train.eval_steps=4", "--set", "checkpoint.save_interval=0",
-            "--set", "monitor.report=false", "--set", "monitor.summary=false",
-            "--set", "monitor.telemetry_interval_s=null", *THREADS, *extra]
+            "--set", "monitor.report=false", "--set", "monitor.summary=false", *THREADS, *extra]
 
 
 # Accumulation 2 (micro batch 4 of 8), 60 steps, every step logged, a checkpoint every 10: the uninterrupted run
