@@ -59,8 +59,8 @@ def deadline(seconds=DEADLINE_S):
 
 
 def text_files(folder, n, size):
-    """n text files of `size` bytes cut from the bundled sample: documents of their own, tokenized in 4 MB
-    segments (results of 16 MB with the byte tokenizer: the workers spend a good share of their time sending)."""
+    """n text files of `size` bytes cut from the bundled sample: documents of their own, tokenized in segments
+    (whose results, 4 bytes per byte with the byte tokenizer, keep the workers busy sending)."""
     sample = open(SHAKESPEARE, "rb").read()
     folder.mkdir()
     for i in range(n):
@@ -119,12 +119,13 @@ def test_a_full_disk_ends_within_seconds_with_the_disk_full_paragraph(tmp_path, 
     """The workers were terminated while sending results, and ProcessPoolExecutor's shutdown then waited forever
     for the rest of a message (what an 8 MB tmpfs showed: nothing printed, workers zombies, minutes)."""
     monkeypatch.setattr(P, "SMALL_INPUT", 0)
+    monkeypatch.setattr(sources, "SEGMENT", 1 << 20)  # results of 4 MB, several in flight
 
     def full_disk(self, samples):
         raise error
 
     monkeypatch.setattr(ShardWriter, "write", full_disk)
-    out, corpus = tmp_path / "ds", text_files(tmp_path / "corpus", 2, 4_200_000)
+    out, corpus = tmp_path / "ds", text_files(tmp_path / "corpus", 2, 2_100_000)
     threads = set(threading.enumerate())
     with deadline():
         assert preprocess_cli(corpus, out) == 2
@@ -135,9 +136,20 @@ def test_a_full_disk_ends_within_seconds_with_the_disk_full_paragraph(tmp_path, 
 
 
 def test_a_full_disk_when_writing_the_manifest(tmp_path, monkeypatch, capsys):
+    class NoShards:  # not what this test is about (and MindRecord's import alone would take seconds)
+        def __init__(self, *_):
+            self.samples = 0
+
+        def write(self, samples):
+            self.samples += len(samples)
+
+        def close(self):
+            return [{"file": "train.mindrecord", "samples": self.samples}]
+
     def full_disk(*_, **__):
         raise OSError(errno.ENOSPC, "No space left on device")
 
+    monkeypatch.setattr(P, "ShardWriter", NoShards)
     monkeypatch.setattr(P.json, "dump", full_disk)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text(open(SHAKESPEARE, encoding="utf-8").read()[:50000])
