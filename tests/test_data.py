@@ -7,10 +7,11 @@ import pytest
 
 import ms_llm.data.preprocess as P
 from ms_llm.data.encode import Encoder
-from ms_llm.data.loader import RankStream, SplitIndex, TrainBatches, eval_batches
-from ms_llm.data.manifest import load_manifest, split_shards
+from ms_llm.data.loader import RankStream, TrainBatches, eval_batches
+from ms_llm.data.manifest import load_manifest
 from ms_llm.data.permutation import EXACT_MAX, Permutation
 from ms_llm.data.preprocess import pack, preprocess
+from ms_llm.data.split_index import SplitIndex, split_shards
 from ms_llm.data.tokenizers import ByteTokenizer, from_spec
 from ms_llm.errors import UserError
 
