@@ -12,9 +12,9 @@
    process and its workers, and peak RSS of the process tree (the main process alone, and main + workers
    summed, sampled every 0.1 s), with each process's own high-water mark (VmHWM; their sum bounds the tree's
    peak from above, whatever the sampling missed).
-4. Unless --no-bare, runs the bare loop: the same documents, already in memory, split over the same number of processes, each
-   calling the same `encode_batch` method ms_llm uses on batches of ~1 MiB; only the encode calls are timed
-   (from a common start), wall and CPU. That is the practical limit: no reading, no JSON, no writing.
+4. Unless --no-bare, runs the bare loop: the same documents, already in memory, split over the same number of
+   processes, each calling the same `encode_batch` method ms_llm uses on batches of ~1 MiB; only the encode calls
+   are timed (from a common start), wall and CPU. That is the practical limit: no reading, no JSON, no writing.
 On a machine whose cores are busy with other work the wall ratios are noisy; the CPU ratio is not.
 """
 import argparse
