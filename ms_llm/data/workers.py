@@ -202,7 +202,10 @@ def work(fn, initializer, initargs, tasks_conn, results_conn):
             out = ("ok", seq, fn(item))
         except BaseException as e:
             out = ("error", seq, portable(e))
-        results_conn.send(out)
+        try:
+            results_conn.send(out)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:  # a result that cannot be sent (nothing was)
+            results_conn.send(("error", seq, portable(e)))
 
 
 def read_tasks(conn, tasks):
