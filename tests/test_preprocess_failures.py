@@ -119,6 +119,7 @@ def test_a_full_disk_ends_within_seconds_with_the_disk_full_paragraph(tmp_path, 
     """The workers were terminated while sending results, and ProcessPoolExecutor's shutdown then waited forever
     for the rest of a message (what an 8 MB tmpfs showed: nothing printed, workers zombies, minutes)."""
     monkeypatch.setattr(P, "SMALL_INPUT", 0)
+    monkeypatch.setattr(P, "import_mindrecord", lambda: None)  # no shard gets written: spare the seconds it takes
     monkeypatch.setattr(sources, "SEGMENT", 1 << 20)  # results of 4 MB, several in flight
 
     def full_disk(self, samples):
@@ -160,6 +161,7 @@ def test_a_full_disk_when_writing_the_manifest(tmp_path, monkeypatch, capsys):
 
 def test_a_killed_worker_ends_the_run_within_seconds_naming_it_and_its_signal(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(P, "SMALL_INPUT", 0)
+    monkeypatch.setattr(P, "import_mindrecord", lambda: None)  # no shard gets written: spare the seconds it takes
     monkeypatch.setattr(sources, "BLOCK", 4096)  # many chunks: the victim still has work when it is killed
     src = tmp_path / "c.jsonl"
     text = open(SHAKESPEARE, encoding="utf-8").read()

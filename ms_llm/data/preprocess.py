@@ -28,7 +28,7 @@ import numpy as np
 from ms_llm.data import encode
 from ms_llm.data.manifest import MANIFEST, SCHEMA_VERSION
 from ms_llm.data.progress import Progress
-from ms_llm.data.shards import DEFAULT_SHARD_MB, Packer, ShardWriter, pack
+from ms_llm.data.shards import DEFAULT_SHARD_MB, Packer, ShardWriter, import_mindrecord, pack
 from ms_llm.data.sources import Source, expand_inputs, is_jsonl
 from ms_llm.data.stats import SplitStats
 from ms_llm.data.tokenizers import CharTokenizer, build_tokenizer
@@ -125,9 +125,12 @@ class Job:
             yield from s.chunks(i)
 
     def encoded(self, sources, spec, chars_only=False, progress=None):
-        """(chunk, Encoded) in input order; bad documents are raised or counted here."""
+        """(chunk, Encoded) in input order; bad documents are raised or counted here. The writing passes import
+        MindRecord while the workers start (in this thread: a thread still importing MindSpore when an error
+        ends the process made its exit crash)."""
         args = (spec, self.text_field, self.val_fraction, chars_only)
-        results = ordered_map(encode.encode_chunk, self.chunks(sources), self.workers, encode.init_worker, args)
+        results = ordered_map(encode.encode_chunk, self.chunks(sources), self.workers, encode.init_worker, args,
+                              meanwhile=None if chars_only else import_mindrecord)
         try:
             for chunk, enc in results:
                 if enc.nbad:

@@ -17,6 +17,7 @@ top of the tokenizing workers' memory, so the peak grew with the corpus until th
 split is closed after the workers have stopped. The index is a function of the data file alone, so the files
 are the same (FileWriter.commit runs the same generator right away).
 """
+import importlib
 import os
 import stat
 
@@ -114,6 +115,12 @@ class ShardWriter:
     @property
     def samples(self):
         return sum(n for _, n in self.written) + self.in_shard + self.npending
+
+
+def import_mindrecord():
+    """MindSpore's MindRecord writer, which takes seconds to import (preprocessing imports it while its workers
+    start on the first chunks)."""
+    importlib.import_module("mindspore.mindrecord")
 
 
 def open_writer(path, width, index_later=False):

@@ -30,6 +30,7 @@ from ms_llm.errors import UserError
 STOP = None  # the task that tells a worker to exit
 _END = object()
 JOIN_S = 5.0  # how long a worker gets to exit after STOP or SIGTERM before it is killed
+PER_WORKER = 2  # tasks a worker holds: the one it computes and the next
 
 
 class WorkerDied(UserError):
@@ -47,11 +48,12 @@ def in_worker():
     return mp.current_process().name != "MainProcess"
 
 
-def ordered_map(fn, items, workers, initializer, initargs, window=None):
+def ordered_map(fn, items, workers, initializer, initargs, window=None, meanwhile=None):
     """Yield (item, fn(item)) in order. `initializer(*initargs)` prepares each worker (and this process when
-    workers == 0; `in_worker()` tells it which). Closing the generator stops the workers: a caller that may
-    leave its loop early should close it at once (`with contextlib.closing(...)`) rather than when it is
-    garbage-collected."""
+    workers == 0; `in_worker()` tells it which). `meanwhile()`, if given, runs once in this thread while the
+    workers start on the first window (something slow the caller will need, such as an import); with
+    workers == 0 it is not called. Closing the generator stops the workers: a caller that may leave its loop
+    early should close it at once (`with contextlib.closing(...)`) rather than when it is garbage-collected."""
     if workers <= 0:
         initializer(*initargs)
         for item in items:
@@ -59,7 +61,7 @@ def ordered_map(fn, items, workers, initializer, initargs, window=None):
         return
     pool = Pool(fn, workers, initializer, initargs)
     try:
-        yield from pool.ordered(items, window or 4 * workers + 2)  # enough queued that workers keep busy
+        yield from pool.ordered(items, window or 4 * workers + 2, meanwhile)  # enough queued to keep them busy
         pool.stop()
     finally:
         pool.kill()  # after an error or Ctrl-C (after stop(), there is nothing left to kill)
@@ -83,31 +85,41 @@ class Pool:
                 self.procs.append(p)
                 self.tasks.append(task_in)
                 self.results.append(result_out)
-                self.load.append(collections.deque())  # sequence numbers sent to this worker, in order
+                self.load.append(collections.deque())  # sequence numbers sent to it and not yet answered
         except BaseException:
             self.kill()
             raise
 
-    def ordered(self, items, window):
+    def ordered(self, items, window, meanwhile=None):
         items, inflight, done, first, sent = iter(items), collections.deque(), {}, 0, 0
         while True:
+            # each worker holds at most PER_WORKER tasks not yet answered, so that the next one is free whichever
+            # finishes first (one slow worker does not hold a queue of the others' work), within the window;
+            # before meanwhile(), during which this thread neither sends nor receives, a share of the whole window
+            slots = -(-window // len(self.procs)) if meanwhile is not None else PER_WORKER
             while len(inflight) < window:
+                i = min(range(len(self.procs)), key=lambda k: len(self.load[k]))
+                if len(self.load[i]) >= slots:
+                    break
                 item = next(items, _END)
                 if item is _END:
                     break
-                self.send(sent, item)
+                self.send(i, sent, item)
                 inflight.append(item)
                 sent += 1
             if not inflight:
                 return
-            self.receive(done, block=False)  # take what is ready, so that no worker waits on its pipe
-            while first not in done:
+            if meanwhile is not None:
+                meanwhile()
+                meanwhile = None
+            if first in done:
+                yield inflight.popleft(), done.pop(first)
+                first += 1
+                self.receive(done, block=False)  # take what is ready and refill those workers before waiting
+            else:
                 self.receive(done, block=True)
-            yield inflight.popleft(), done.pop(first)
-            first += 1
 
-    def send(self, seq, item):
-        i = min(range(len(self.procs)), key=lambda k: len(self.load[k]))  # the least busy worker
+    def send(self, i, seq, item):
         try:
             self.tasks[i].send((seq, item))
         except OSError:  # its pipe is closed: it died
@@ -183,29 +195,34 @@ class Pool:
 
 # -- the worker process ------------------------------------------------------------------------------------------
 def work(fn, initializer, initargs, tasks_conn, results_conn):
-    """A worker's main loop: tasks in, (status, seq, value) out, until STOP or this process's parent goes."""
-    tasks = queue.Queue()
-    # a thread takes tasks off the pipe as soon as they arrive, so the parent's send never waits on this worker's
-    # computing (and it cannot deadlock against this worker sending a result while the parent sends a task)
+    """A worker's main loop: tasks in, (status, seq, value) out, until STOP or this process's parent goes.
+
+    Two threads move the data, so that this one only computes: one takes tasks off the pipe as soon as they
+    arrive (the parent's send never waits on this worker's computing, and cannot deadlock against this worker
+    sending a result), the other sends results while this one computes the next (the parent reads results only
+    when it needs the next one; at most its window of tasks is ever queued here)."""
+    tasks, outbox = queue.Queue(), queue.Queue()
     threading.Thread(target=read_tasks, args=(tasks_conn, tasks), daemon=True).start()
+    sender = threading.Thread(target=send_results, args=(results_conn, outbox), daemon=True)
+    sender.start()
     try:
         initializer(*initargs)
     except BaseException as e:
-        results_conn.send(("error", None, portable(e)))
+        outbox.put(("error", None, portable(e)))
+        outbox.put(STOP)
+        sender.join()
         return
     while True:
         task = tasks.get()
         if task is STOP:
-            return
+            break
         seq, item = task
         try:
-            out = ("ok", seq, fn(item))
+            outbox.put(("ok", seq, fn(item)))
         except BaseException as e:
-            out = ("error", seq, portable(e))
-        try:
-            results_conn.send(out)
-        except (pickle.PicklingError, TypeError, AttributeError) as e:  # a result that cannot be sent (nothing was)
-            results_conn.send(("error", seq, portable(e)))
+            outbox.put(("error", seq, portable(e)))
+    outbox.put(STOP)
+    sender.join()
 
 
 def read_tasks(conn, tasks):
@@ -217,6 +234,20 @@ def read_tasks(conn, tasks):
                 return
     except (EOFError, OSError):  # the parent is gone
         tasks.put(STOP)
+
+
+def send_results(conn, outbox):
+    while True:
+        out = outbox.get()
+        if out is STOP:
+            return
+        try:
+            try:
+                conn.send(out)
+            except (pickle.PicklingError, TypeError, AttributeError) as e:  # cannot be sent (nothing of it was)
+                conn.send(("error", out[1], portable(e)))
+        except OSError:  # the parent is gone
+            return
 
 
 def portable(error):
