@@ -124,13 +124,12 @@ class Job:
         for i, s in enumerate(sources):
             yield from s.chunks(i)
 
-    def encoded(self, sources, spec, chars_only=False, progress=None):
-        """(chunk, Encoded) in input order; bad documents are raised or counted here. The writing passes import
-        MindRecord while the workers start (in this thread: a thread still importing MindSpore when an error
-        ends the process made its exit crash)."""
+    def encoded(self, sources, spec, chars_only=False, progress=None, meanwhile=None):
+        """(chunk, Encoded) in input order; bad documents are raised or counted here. `meanwhile()` runs in this
+        thread while the workers start (see ordered_map)."""
         args = (spec, self.text_field, self.val_fraction, chars_only)
         results = ordered_map(encode.encode_chunk, self.chunks(sources), self.workers, encode.init_worker, args,
-                              meanwhile=None if chars_only else import_mindrecord)
+                              meanwhile=meanwhile)
         try:
             for chunk, enc in results:
                 if enc.nbad:
@@ -208,7 +207,10 @@ class Job:
         writers = {s: ShardWriter(tmp, s, self.T + 1, self.shard_bytes) for s in SPLITS}
         packers = {s: Packer(self.T) for s in SPLITS}
         documents, doc_val, doc_len = 0, False, 0
-        with contextlib.closing(self.encoded(sources, tok.spec(), progress=progress)) as results:
+        # MindRecord takes seconds to import: while the workers start, in this thread (a thread still importing
+        # MindSpore when an error ended the process made its exit crash)
+        results = self.encoded(sources, tok.spec(), progress=progress, meanwhile=import_mindrecord)
+        with contextlib.closing(results):
             for chunk, enc in results:
                 if chunk.jsonl:
                     piece_val = enc.val
