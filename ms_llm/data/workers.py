@@ -68,6 +68,9 @@ def ordered_map(fn, items, workers, initializer, initargs, window=None, meanwhil
 
 
 class Pool:
+    """`workers` spawned processes running `work`, and what this process knows of each: its task and result
+    pipes and the sequence numbers it has not answered yet."""
+
     def __init__(self, fn, workers, initializer, initargs):
         ctx = mp.get_context("spawn")
         self.procs, self.tasks, self.results, self.load = [], [], [], []
@@ -200,7 +203,7 @@ def work(fn, initializer, initargs, tasks_conn, results_conn):
     Two threads move the data, so that this one only computes: one takes tasks off the pipe as soon as they
     arrive (the parent's send never waits on this worker's computing, and cannot deadlock against this worker
     sending a result), the other sends results while this one computes the next (the parent reads results only
-    when it needs the next one; at most its window of tasks is ever queued here)."""
+    when it needs the next one; the parent never gives a worker more than a share of its window)."""
     tasks, outbox = queue.Queue(), queue.Queue()
     threading.Thread(target=read_tasks, args=(tasks_conn, tasks), daemon=True).start()
     sender = threading.Thread(target=send_results, args=(results_conn, outbox), daemon=True)
