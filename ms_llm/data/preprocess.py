@@ -299,6 +299,24 @@ class Job:
         }
 
 
+def keep_large_arrays_off_the_heap(threshold=1 << 20):
+    """For a process that only preprocesses (`ms-llm preprocess`): every allocation of `threshold` bytes or more
+    gets pages of its own, handed back to the system when freed. Left to itself, glibc raises that threshold to
+    the largest block freed so far (here the 8 MB groups of rows handed to MindRecord), after which the chunks,
+    token arrays and samples that stream through this process come from the heap, whose free space then grew
+    with the corpus: over 60 MB of BPE JSONL the main process went from 213 to 239 MiB anonymous memory, its free
+    heap from 8 to 52 MiB; with this setting 204 to 208 MiB, 18 MiB free throughout. It holds for the whole
+    process and for good, so the command sets it, not preprocess(), which a training run may call. Returns
+    whether it was set (not where the C library is not glibc)."""
+    import ctypes
+
+    m_mmap_threshold = -3  # glibc's malloc.h
+    try:
+        return bool(ctypes.CDLL(None).mallopt(m_mmap_threshold, int(threshold)))
+    except (OSError, AttributeError):
+        return False
+
+
 def first_text(path, text_field, limit=1 << 16):
     """The beginning of the corpus's first document: the probe for the tokenizer round-trip check."""
     import gzip
