@@ -27,6 +27,12 @@ from conftest import SHAKESPEARE, ms_llm
 DEADLINE_S = 20  # "within seconds", with room for a loaded machine; these failures used to hang for minutes
 
 
+@pytest.fixture(autouse=True)
+def _allocator_left_alone(monkeypatch):
+    """`ms-llm preprocess` changes a process-wide allocator setting for good: not the test process's."""
+    monkeypatch.setattr(P, "keep_large_arrays_off_the_heap", lambda *_: False)
+
+
 def assert_one_paragraph(stderr, *phrases):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), stderr
