@@ -47,7 +47,7 @@ def cmd_train(args):
 
 
 def cmd_preprocess(args):
-    from ms_llm.data.preprocess import preprocess
+    from ms_llm.data.preprocess import keep_large_arrays_off_the_heap, preprocess
 
     if args.config:
         from ms_llm.config import load_config
@@ -73,6 +73,7 @@ def cmd_preprocess(args):
         raise UserError(f"--workers = {args.workers} must be at least 1 (default: the number of CPU cores).")
     if args.shard_size_mb < 1:
         raise UserError(f"--shard-size-mb = {args.shard_size_mb} must be at least 1.")
+    keep_large_arrays_off_the_heap()  # this process only preprocesses: its peak memory then stays flat
     preprocess(args.input, args.output_dir, args.seq_length, args.tokenizer or "char", val, args.text_field or "text",
                overwrite=args.overwrite, workers=args.workers, skip_bad=args.skip_bad, shard_mb=args.shard_size_mb)
 

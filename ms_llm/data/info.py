@@ -5,7 +5,8 @@ the manifest (preprocessing gathers them). With a config: how many epochs `train
 warning when that repeats the data more than REPEAT_WARN times (the model starts memorising: the train loss
 keeps falling while the validation loss turns up).
 """
-from ms_llm.data.manifest import load_manifest, split_shards
+from ms_llm.data.manifest import load_manifest
+from ms_llm.data.split_index import split_shards
 
 REPEAT_WARN = 4.0
 
