@@ -27,9 +27,19 @@ NOISY_REL = 0.03         # noise around the late trend above 3% of the loss: a b
 SIB_ABS, SIB_REL, SIB_SPREAD = 0.05, 0.05, 3.0  # behind siblings by max(0.05, 5%, 3x their spread)
 
 
-def rule_progress(run, found, _):
-    if "loss_nonfinite" in found or "divergence" in found:
+def rule_progress(run, found, limit):
+    if "loss_nonfinite" in found or "divergence" in found or "underfitting" in found:
         return None  # those explain the curve better
+    out = judge_progress(run)
+    if out and "bad_start" in found:  # a model that started far off is still recovering from its start
+        f = out[0]
+        f.causes.insert(0, cause(f"the start: {found['bad_start'].symptom} (bad_start); the loss is still recovering "
+                                 f"from it", "high"))
+        f.actions.insert(0, found["bad_start"].actions[0])
+    return out
+
+
+def judge_progress(run):
     pts = curve(run)
     warm, n = run.cfg("train.warmup_steps", 0), run.max_steps or 0
     if len(pts) < MIN_RECORDS or pts[-1][0] < max(FLAT_MIN_STEPS, min(warm, n // 2 if n else warm)):
