@@ -42,29 +42,41 @@ def _num(v):
 
 
 def segments(run):
-    """The run's records split into processes: a new one starts at each `resume` event and wherever elapsed_s
-    goes back (a restart without the event)."""
-    records = sorted(run.train + run.evals + run.events,
-                     key=lambda r: (r.get("time") if _num(r.get("time")) else 0.0))
-    if not any(_num(r.get("time")) for r in records):
-        records = run.train + run.evals + run.events  # no time stamps: file order
-    out, cur, last = [], [], -1.0
-    for r in records:
-        e = r.get("elapsed_s")
-        if cur and (r.get("event") == "resume" or (_num(e) and e < last - 1e-6)):
-            out.append(cur)
-            cur, last = [], -1.0
-        cur.append(r)
-        if _num(e):
-            last = max(last, e)
-    if cur:
-        out.append(cur)
+    """The run's records grouped by process: every record carries `time` and `elapsed_s` since its process started
+    training, so time - elapsed_s is the same for all records of one process (to the rounding of both) and differs
+    between processes (a resumed run has one per restart). Records without both fields form one group only when no
+    record has them."""
+    groups, untimed = {}, []
+    for r in run.train + run.evals + run.events:
+        t, e = r.get("time"), r.get("elapsed_s")
+        if _num(t) and _num(e):
+            groups.setdefault(round(t - e), []).append(r)
+        else:
+            untimed.append(r)
+    if not groups:
+        return [untimed] if untimed else []
+    out, last = [], None
+    for key in sorted(groups):  # keys a second apart are one process whose start straddles a rounding edge
+        if last is not None and key - last <= 1:
+            out[-1] += groups[key]
+        else:
+            out.append(groups[key])
+        last = key
     return out
 
 
 def account(run):
     """{"wall_s", "phases": {name: seconds}, "hooks": {hook: seconds}, "measured": bool, "processes": n} or None
-    when the records carry no elapsed time."""
+    when the records carry no elapsed time. Remembered on the run (the table, the report and diagnose all ask)."""
+    key = (len(run.train), len(run.evals), len(run.events))
+    memo = getattr(run, "_walltime", None)
+    if memo is None or memo[0] != key:
+        memo = (key, _account(run))
+        run._walltime = memo
+    return memo[1]
+
+
+def _account(run):
     phases = {p: 0.0 for p in ORDER}
     hooks, wall, measured, n = {}, 0.0, True, 0
     for seg in segments(run):
@@ -73,22 +85,29 @@ def account(run):
             continue
         n += 1
         train = [r for r in seg if "loss" in r and "event" not in r and "val_loss" not in r]
-        first = train[0] if train else {}
+        first = min(train, key=lambda r: r["step"]) if train else {}
         startup = first.get("startup_s")
         wall += max(ends) + (startup if _num(startup) else 0.0)
         phases["startup"] += startup if _num(startup) else 0.0
         phases["compile"] += first.get("compile_s") if _num(first.get("compile_s")) else 0.0
+        waited = stepped = 0.0
         for r in train:
             span = r.get("interval_s")
             if not _num(span):
                 measured = False
                 continue
-            wait = r.get("data_wait_frac") if _num(r.get("data_wait_frac")) else 0.0
-            spent = {k: v for k, v in (r.get("hooks_s") or {}).items() if _num(v)}
-            for k, v in spent.items():
-                hooks[k] = hooks.get(k, 0.0) + v
-            phases["data wait"] += wait * span
-            phases["training"] += max(0.0, span - wait * span - sum(spent.values()))
+            wait = r.get("data_wait_frac")
+            wait = span * wait if _num(wait) else 0.0
+            spent = 0.0
+            if r.get("hooks_s"):
+                for k, v in r["hooks_s"].items():
+                    if _num(v):
+                        hooks[k] = hooks.get(k, 0.0) + v
+                        spent += v
+            waited += wait
+            stepped += max(0.0, span - wait - spent)
+        phases["data wait"] += waited
+        phases["training"] += stepped
         for r in seg:
             d = r.get("duration_s")
             if "val_loss" in r:

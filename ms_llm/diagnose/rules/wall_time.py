@@ -16,7 +16,8 @@ from ms_llm.rundir.walltime import HOOK_KEYS, HOOK_NAMES, account, describe, dur
 
 PHASE_SHARE = 0.30      # a recurring phase taking 30% of the recurring time (training steps + data wait + phases)
 TARGET_SHARE = 0.05     # the suggested settings bring it to about this
-MIN_LOOP_S = 20.0       # runs whose recurring time (steps + evaluations + ...) is shorter are not judged
+MIN_LOOP_S = 5.0        # runs whose recurring time (steps + evaluations + ...) is shorter are not judged
+MIN_TIMES = 3           # ... nor a phase that happened fewer times (its cost is then mostly a one-off)
 ONE_OFF_SHARE, ONE_OFF_MIN_S = 0.25, 60.0   # startup or compile above 25% of the wall and a minute: a note
 SLOWER = 2.0            # the run's median step time at least 2x the benchmark's: slower than this machine
 BENCHMARK_FILE = "benchmark.json"
@@ -63,7 +64,7 @@ def rule_wall_time(run, found, _):
     total = base + sum(p[0] for p in phases.values())
     if total < MIN_LOOP_S or base <= 0:
         return None
-    heavy = [(label, p) for label, p in phases.items() if p[0] / total >= PHASE_SHARE]
+    heavy = [(label, p) for label, p in phases.items() if p[0] / total >= PHASE_SHARE and p[1] >= MIN_TIMES]
     out = []
     warn = [(label, p) for label, p in heavy if not (len(p) > 4 and p[4] in NOTE_ONLY_HOOKS)]
     notes = [(label, p) for label, p in heavy if (label, p) not in warn]
