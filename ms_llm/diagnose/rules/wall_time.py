@@ -64,10 +64,10 @@ def rule_wall_time(run, found, _):
     total = base + sum(p[0] for p in phases.values())
     if total < MIN_LOOP_S or base <= 0:
         return None
-    heavy = [(label, p) for label, p in phases.items() if p[0] / total >= PHASE_SHARE and p[1] >= MIN_TIMES]
+    heavy = [(label, p) for label, p in phases.items() if p[0] / total >= PHASE_SHARE]
     out = []
-    warn = [(label, p) for label, p in heavy if not (len(p) > 4 and p[4] in NOTE_ONLY_HOOKS)]
-    notes = [(label, p) for label, p in heavy if (label, p) not in warn]
+    notes = [(label, p) for label, p in heavy if len(p) > 4 and p[4] in NOTE_ONLY_HOOKS]
+    warn = [(label, p) for label, p in heavy if (label, p) not in notes and p[1] >= MIN_TIMES]
     step_s = acc["phases"]["training"] / max(1, trained_steps(run))
     if warn:
         label, p = max(warn, key=lambda x: x[1][0])
