@@ -48,6 +48,13 @@ def rule_underfitting(run, found, _):
     shift = shift_evidence(run, evals, pts, found)
     if shift["curve"] or shift["data"]:
         return None  # validation worse than unseen training batches, or measured apart: distribution_shift's
+    regularised = (run.cfg("model.dropout", 0.0) or 0.0) >= DROPOUT_SOME or (run.cfg("train.weight_decay", 0.0)
+                                                                             or 0.0) > WD_USUAL
+    frozen, detached, _ = frozen_parts(run)
+    at_unigram = h_train is not None and abs(late_train - h_train.nats) <= UNIGRAM_BAND * h_train.nats
+    if at_unigram and not (regularised or frozen or detached):
+        return None  # nothing regularises it and the training loss sits at its own unigram entropy: the context
+        # is ignored (a bug in the targets or the inputs), which the progress rules name (loss_plateau)
     return [finding(run, evals, best, tr, h_val, h_train, late_train)]
 
 
