@@ -28,6 +28,15 @@ from ms_llm.data.overlap import LEAK_WARN, SHIFT_WARN
 pytestmark = pytest.mark.slow
 
 
+def shown(run):
+    """diagnose's findings for the run, its report printed as `ms-llm diagnose` prints it (pytest -s shows them)."""
+    from ms_llm.diagnose.engine import diagnose as diag, format_report
+
+    r, found = diag(str(run))
+    print(f"\n$ ms-llm diagnose {run}\n" + format_report(str(run), r, found), flush=True)
+    return found
+
+
 def headline(findings):
     """The first finding that fails the exit code (what `ms-llm diagnose` prints first)."""
     found = alarms(findings)
@@ -40,7 +49,7 @@ def test_u_a_start_far_above_ln_v_is_the_init_not_the_learning_rate(dataset, tmp
     train(tiny_cfg(dataset, *sets("model.init_std=1.0", "train.max_steps=60", "train.eval_interval=0")), run)
     first = json.loads(open(run / "metrics.jsonl").readline())
     assert first["initial_loss"] > 1.5 * 4.1  # recorded before any update
-    found = diagnose(run)
+    found = shown(run)
     assert headline(found).id == "bad_start", finding_text(found)
     first_cause(found, "bad_start", "model.init_std = 1", confidence="high")
     assert "divergence" not in {f.id for f in found}, finding_text(found)  # the old "LR too high [high]"
@@ -49,7 +58,7 @@ def test_u_a_start_far_above_ln_v_is_the_init_not_the_learning_rate(dataset, tmp
 def test_v_dropout_09_is_named_and_its_experiment_separates_it(dataset, tmp_path):
     run = tmp_path / "dropout"
     train(tiny_cfg(dataset, *sets("model.dropout=0.9", "train.max_steps=200", "train.eval_interval=50")), run)
-    found = diagnose(run)
+    found = shown(run)
     assert headline(found).id == "underfitting", finding_text(found)
     f = first_cause(found, "underfitting", "model.dropout = 0.9", confidence="high")
     val_h = json.load(open(os.path.join(dataset, "manifest.json")))["stats"]["val"]["unigram_entropy_nats"]
@@ -96,7 +105,7 @@ def test_w_near_copies_in_validation_are_measured_and_named(split_corpora, tmp_p
     assert "warning: " in capsys.readouterr().out
     run = tmp_path / "leak_run"
     train(tiny_cfg(str(root / "leak"), *sets("train.max_steps=60", "train.eval_interval=20")), run)
-    found = diagnose(run)
+    found = shown(run)
     assert headline(found).id == "val_leakage", finding_text(found)
     first_cause(found, "val_leakage", "near-duplicate documents", confidence="high")
 
@@ -107,7 +116,7 @@ def test_x_a_tail_of_other_text_is_a_shift_not_overfitting(split_corpora, tmp_pa
     assert kl > SHIFT_WARN and any("token distribution differs" in l for l in logs["shift"])
     run = tmp_path / "shift_run"
     train(tiny_cfg(str(root / "shift"), *sets("train.max_steps=150", "train.eval_interval=50")), run)
-    found = diagnose(run)
+    found = shown(run)
     assert headline(found).id == "distribution_shift", finding_text(found)
     f = first_cause(found, "distribution_shift", "last 10% of one document", confidence="high")
     assert "overfitting" not in {x.id for x in found}
@@ -117,7 +126,7 @@ def test_x_a_tail_of_other_text_is_a_shift_not_overfitting(split_corpora, tmp_pa
 def test_y_evaluation_every_5_steps_takes_the_wall_time(dataset, tmp_path):
     run = tmp_path / "eval"
     train(tiny_cfg(dataset, *sets("train.max_steps=100", "train.eval_interval=5", "train.eval_steps=40")), run)
-    found = diagnose(run)
+    found = shown(run)
     assert headline(found).id == "wall_time", finding_text(found)
     f = first_cause(found, "wall_time", "train.eval_interval = 5", confidence="high")
     assert f.symptom.startswith("evaluation takes") and f.actions[0].startswith("--set train.eval_interval=")
@@ -127,12 +136,12 @@ def test_z_pynative_is_slower_than_this_machine_runs_the_config(dataset, tmp_pat
     run = tmp_path / "pynative"
     train(tiny_cfg(dataset, *sets("context.mode=pynative", "train.max_steps=20", "train.log_interval=5",
                                   "train.eval_interval=0")), run)
-    note = next(f for f in diagnose(run) if f.id == "speed_settings")
+    note = next(f for f in shown(run) if f.id == "speed_settings")
     assert note.severity == "info" and "context.mode = pynative" in note.symptom
     command = note.actions[0].split(": ", 1)[1].split(", then ")[0]
     assert "--set context.mode=graph" in command and "--steps 20" in command
     assert main(shlex.split(command)[1:]) == 0  # the reference: 20 steps of the same config on this machine
     assert (run / "benchmark.json").is_file()
-    found = diagnose(run)
+    found = shown(run)
     assert headline(found).id == "slower_than_machine", finding_text(found)
     first_cause(found, "slower_than_machine", "context.mode = pynative", confidence="high")

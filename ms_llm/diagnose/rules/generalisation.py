@@ -44,6 +44,8 @@ def rule_generalisation(run, found, _):
         onset = epochs_at(run, best[0] if rising else gaps[0][0])  # where validation parted from training
         if onset is None or onset >= 1.0:
             return overfitting_finding(run, evals, pts, *curve_shape, shift)
+    if "labels" in found and not shift["data"]:
+        return None  # validation apart from training from the start: the labels finding names both explanations
     if curve_shape is not None or shift["curve"] or shift["data"]:
         return [shift_finding(run, evals, pts, curve_shape, shift)]
     return None
