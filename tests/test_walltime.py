@@ -148,3 +148,21 @@ def test_runs_and_the_report_show_where_the_time_went(tmp_path, capsys):
     html = open(write_report(run, str(tmp_path / "r.html"), diagnose=False), encoding="utf-8").read()
     assert 'class="timebar"' in html and 'title="evaluation: 120.0 s (53.3%)"' in html
     assert "train.eval_interval / train.eval_steps" in html
+
+
+def test_each_process_compiling_its_first_evaluation_is_no_alarm(tmp_path):
+    """The clean resumed run: 4 evaluations of 4 batches, the first of each process compiling its graph (2 of 4)."""
+    recs = timed(steps=200, interval=10, eval_every=50, eval_s=0.3, first_eval_s=20.0)
+    first = [r for r in recs if r["step"] <= 100]
+    second = [dict(r, elapsed_s=r["elapsed_s"] - first[-1]["elapsed_s"] + 3.0) for r in recs if r["step"] > 100]
+    for r in second:
+        if "val_loss" in r and r["step"] == 150:  # the second process compiles its evaluation again
+            r["elapsed_s"] += 19.7
+            r["duration_s"] = 20.0
+    run = write_run(tmp_path / "resumed", first + second, ["train.max_steps=200", "train.log_interval=10",
+                                                           "train.eval_interval=50", "train.warmup_steps=5"])
+    assert "wall_time" not in ids(run)
+    assert finding(write_run(tmp_path / "every5", timed(steps=200, interval=10, eval_every=10, eval_s=0.6,
+                                                          first_eval_s=20.0),
+                             ["train.max_steps=200", "train.log_interval=10", "train.eval_interval=10"]),
+                   "wall_time").symptom.startswith("evaluation takes")

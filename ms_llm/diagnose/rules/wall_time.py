@@ -3,16 +3,16 @@ large share of its time on something other than training steps (evaluation, chec
 per-step monitors) names it, with its share and the key that controls it; and a run much slower per step than this
 machine runs the same config (a 20-step `ms-llm benchmark`, the reference) names the settings that differ.
 
-Shares are judged on the recurring cost of each phase (its median occurrence x how often it happened), against the
-steps' own time: one-off costs (the first evaluation and the first statistics probe compile their graphs) do not
-grow with the run and are left to the notes on startup and compilation.
+Shares are judged on the recurring cost of each phase (its typical occurrence x how often it happened), against the
+steps' own time: one-off costs (each process's first evaluation and first statistics probe compile their graphs) do
+not grow with the run and are left out of the typical cost.
 """
 import json
 import os
 import statistics
 
 from ms_llm.diagnose.common import Finding, cause, finite, g, quoted
-from ms_llm.rundir.walltime import HOOK_KEYS, HOOK_NAMES, account, describe, duration
+from ms_llm.rundir.walltime import HOOK_KEYS, HOOK_NAMES, account, describe, duration, segments
 
 PHASE_SHARE = 0.30      # a recurring phase taking 30% of the recurring time (training steps + data wait + phases)
 TARGET_SHARE = 0.05     # the suggested settings bring it to about this
@@ -30,28 +30,33 @@ SPEED_KEYS = (("context.mode", "graph"), ("context.jit_level", None), ("context.
 
 
 def recurring(run, acc):
-    """{phase label: (recurring seconds, occurrences, median seconds, config key)} for evaluation, checkpoints,
-    report refreshes and each hook."""
-    def steady(values):
-        values = [v for v in values if finite(v)]
-        if not values:
-            return None
-        med = statistics.median(values)
-        return (med * len(values) if len(values) > 1 else values[0]), len(values), med
-
+    """{phase label: (recurring seconds, occurrences, typical seconds, config key[, hook])} for evaluation,
+    checkpoints, report refreshes and each hook. The first occurrence in each process compiles what it runs (the
+    evaluation graph, the statistics probe): the typical cost is the median of the others (of the firsts when there
+    are no others), and the recurring cost that times the occurrences."""
+    found = {}  # label -> (key, hook, [(first in its process?, seconds)])
+    for seg in segments(run):
+        seen = set()
+        for r in sorted(seg, key=lambda r: (r.get("step", 0), r.get("elapsed_s") or 0)):
+            items = []
+            if "val_loss" in r:
+                items.append(("evaluation", "train.eval_interval / train.eval_steps", "", r.get("duration_s")))
+            elif r.get("event") == "checkpoint":
+                items.append(("checkpoints", "checkpoint.save_interval / checkpoint.async_save", "",
+                              r.get("duration_s")))
+            elif r.get("event") == "report":
+                items.append(("report", "monitor.report", "", r.get("duration_s")))
+            elif "loss" in r and r.get("hooks_s"):
+                items += [(HOOK_NAMES.get(h, h), HOOK_KEYS.get(h, ""), h, v) for h, v in r["hooks_s"].items()]
+            for label, key, hook, v in items:
+                if finite(v):
+                    found.setdefault(label, (key, hook, []))[2].append((label not in seen, v))
+                    seen.add(label)
     out = {}
-    for label, values, key in (
-            ("evaluation", [r.get("duration_s") for r in run.evals], "train.eval_interval / train.eval_steps"),
-            ("checkpoints", [e.get("duration_s") for e in run.events if e.get("event") == "checkpoint"],
-             "checkpoint.save_interval / checkpoint.async_save"),
-            ("report", [e.get("duration_s") for e in run.events if e.get("event") == "report"], "monitor.report")):
-        s = steady(values)
-        if s:
-            out[label] = (*s, key)
-    for hook in acc["hooks"]:
-        s = steady([(r.get("hooks_s") or {}).get(hook) for r in run.train if (r.get("hooks_s") or {}).get(hook)])
-        if s:
-            out[HOOK_NAMES.get(hook, hook)] = (*s, HOOK_KEYS.get(hook, ""), hook)
+    for label, (key, hook, values) in found.items():
+        later = [v for first, v in values if not first]
+        typical = statistics.median(later or [v for _, v in values])
+        out[label] = (typical * len(values), len(values), typical, key) + ((hook,) if hook else ())
     return out
 
 
