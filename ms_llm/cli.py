@@ -94,7 +94,8 @@ def cmd_benchmark(args):
     if args.steps <= 0 or args.warmup < 0:
         raise UserError(f"--steps = {args.steps} must be positive and --warmup = {args.warmup} non-negative.")
     overrides = ["monitor.summary=false", "monitor.progress_bar=false"] + args.overrides
-    benchmark(load_config(args.config, overrides), args.steps, args.warmup, args.json)
+    benchmark(load_config(args.config, overrides), args.steps, args.warmup, args.json, output=args.output,
+              about={"config": args.config, "overrides": args.overrides})
 
 
 def build_parser():
@@ -132,6 +133,8 @@ def build_parser():
     p.add_argument("--steps", type=int, default=50, help="timed steps (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after compilation (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--output", metavar="FILE", help="also write the result as JSON to FILE (e.g. RUN/benchmark.json: "
+                                                    "ms-llm diagnose RUN compares the run's speed with it)")
     p.set_defaults(func=cmd_benchmark)
 
 

@@ -27,6 +27,7 @@ import numpy as np
 
 from ms_llm.data import encode
 from ms_llm.data.manifest import MANIFEST, SCHEMA_VERSION
+from ms_llm.data.overlap import SplitOverlap, shingle_tokens
 from ms_llm.data.progress import Progress
 from ms_llm.data.shards import DEFAULT_SHARD_MB, Packer, ShardWriter, import_mindrecord, pack
 from ms_llm.data.sources import Source, expand_inputs, is_jsonl
@@ -179,6 +180,7 @@ class Job:
         self.bad_examples, self.nbad = [], 0
         tok = self.build_tokenizer(sources)
         stats = {s: SplitStats(tok.vocab_size) for s in SPLITS}
+        self.overlap = SplitOverlap(shingle_tokens(tok.spec(), tok))  # near-copies and shift between the splits
         progress = self.progress = Progress(sum(s.size for s in sources), "preprocess", self.log)
         try:
             if tail:
@@ -233,6 +235,7 @@ class Job:
                     toks = enc.tokens[sel] if not sel.all() else enc.tokens
                     if len(toks):
                         stats[name].add_tokens(toks)
+                        self.overlap.add(name, toks)
                         writers[name].write(packers[name].add(toks))
         if documents == 1:
             raise _SingleDocument()
@@ -258,6 +261,7 @@ class Job:
             for start in range(lo, hi, TAIL_READ):
                 toks = np.fromfile(path, np.int32, count=min(TAIL_READ, hi - start), offset=4 * start)
                 stats[name].add_tokens(toks)
+                self.overlap.add(name, toks)
                 writer.write(packer.add(toks))
             shards[name] = writer.close()
         stats["train"].add_documents([length] if documents else [])
@@ -289,6 +293,7 @@ class Job:
             "split_method": "token tail of a single document" if tail else "documents by hash",
             "stats": {name: {k: v for k, v in stats[name].to_dict().items() if k not in ("documents", "tokens")}
                       for name in SPLITS},
+            "overlap": self.overlap.result(stats["train"].counts, stats["val"].counts, self.log),
             "source": source,
             "sources": files,
             "val_fraction": self.val_fraction,

@@ -27,6 +27,9 @@ th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .sev-error{color:#b00020;font-weight:600}.sev-warning{color:#b36b00;font-weight:600}
 .sev-info{color:#2a6f97;font-weight:600}
 details{margin:4px 0}summary{cursor:pointer}code{font-size:12px;background:#f6f6f6;padding:0 3px}
+.timebar{display:flex;height:18px;border:1px solid #ccc;border-radius:3px;overflow:hidden;margin:2px 0 4px;
+ max-width:900px}.timebar span{display:block;height:100%}.timelegend{font-size:12px;color:#444;margin-bottom:8px}
+.timelegend i{display:inline-block;width:10px;height:10px;margin:0 3px 0 10px;vertical-align:-1px}
 """
 
 # Marks each panel data-rendered="1" once a canvas under it (through Bokeh's shadow roots) holds pixels,
