@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 
+import mindspore  # noqa: F401 (imported once at start-up: the first test to need it would pay its seconds)
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
