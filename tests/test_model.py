@@ -40,9 +40,19 @@ def test_gpt2_count_matches_hand_formula():
     assert count_params(build_model(m)) == hand_count_gpt2(3, 48, 70, 16, bias=False)
 
 
+@pytest.fixture
+def pynative():
+    """Op by op: a forward in graph mode first compiles the model (seconds); the graph-mode forward is what every
+    training test runs."""
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=mode)
+
+
 @pytest.mark.parametrize("preset", ["tiny-gpt2", "tiny-llama"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
-def test_forward_shapes_and_fp32_logits(preset, dtype):
+def test_forward_shapes_and_fp32_logits(preset, dtype, pynative):
     model = build_model(model_cfg(f"model.preset={preset}", "model.vocab_size=100"), dtype)
     ids = ms.Tensor(np.random.default_rng(0).integers(0, 100, (2, 32)).astype(np.int32))
     logits = model(ids)
@@ -51,7 +61,7 @@ def test_forward_shapes_and_fp32_logits(preset, dtype):
     assert all(p.dtype == ms.float32 for p in model.trainable_params())  # master weights stay fp32
 
 
-def test_causality_future_tokens_do_not_change_past_logits():
+def test_causality_future_tokens_do_not_change_past_logits(pynative):
     model = build_model(model_cfg("model.preset=tiny-llama", "model.vocab_size=50"))
     a = np.random.default_rng(1).integers(0, 50, (1, 32)).astype(np.int32)
     b = a.copy()
