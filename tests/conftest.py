@@ -135,6 +135,26 @@ def pytest_runtest_makereport(item, call):
                            f"it starts a process or trains")
 
 
+@contextlib.contextmanager
+def op_by_op():
+    """PyNative inside the block: a forward in graph mode first compiles the model (seconds), and a test that only
+    reads logits does not need the graph (every training test runs it)."""
+    import mindspore as ms
+
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    try:
+        yield
+    finally:
+        ms.set_context(mode=mode)
+
+
+@pytest.fixture
+def pynative():
+    with op_by_op():
+        yield
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     """The first 60k characters of the bundled sample: big enough for a few epochs of tiny batches."""

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import yaml
 
-from conftest import ROOT, ms_llm
+from conftest import ROOT, ms_llm, op_by_op
 from ms_llm.errors import UserError
 
 FIXTURES = os.path.join(ROOT, "tests", "fixtures", "mindformers")
@@ -283,7 +283,8 @@ def our_logits(folder, ids):
     missing, unexpected = ms.load_param_into_net(model, params, strict_load=True)
     assert not missing and not unexpected
     model.set_train(False)
-    return model(ms.Tensor(ids[None].astype(np.int32))).asnumpy()[0]
+    with op_by_op():
+        return model(ms.Tensor(ids[None].astype(np.int32))).asnumpy()[0]
 
 
 def raw_tensors(path):

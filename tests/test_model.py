@@ -40,16 +40,6 @@ def test_gpt2_count_matches_hand_formula():
     assert count_params(build_model(m)) == hand_count_gpt2(3, 48, 70, 16, bias=False)
 
 
-@pytest.fixture
-def pynative():
-    """Op by op: a forward in graph mode first compiles the model (seconds); the graph-mode forward is what every
-    training test runs."""
-    mode = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    yield
-    ms.set_context(mode=mode)
-
-
 @pytest.mark.parametrize("preset", ["tiny-gpt2", "tiny-llama"])
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_forward_shapes_and_fp32_logits(preset, dtype, pynative):
