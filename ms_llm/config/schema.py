@@ -50,7 +50,8 @@ class MoEConfig:
     capacity_factor: Optional[float] = opt(None, "null: dropless (every token reaches its k experts); a number: each "
                                                  "expert takes at most ceil(capacity_factor·tokens·top_k/num_experts) "
                                                  "tokens per micro-batch, the rest are dropped (and counted)")
-    router_init_std: Optional[float] = opt(None, "std of the router weight's normal init (null: model.init_std)")
+    router_init_std: Optional[float] = opt(None, "std of the router weight's normal init (null: model.init_std; 0: "
+                                                 "zeros, every expert tied for every token at the start)")
     dispatch: str = opt("sorted", "how tokens reach experts: sorted (gather into per-expert blocks; compute scales "
                                   "with top_k/num_experts) or dense (every expert computes every token, weighted; "
                                   "the reference the other is tested against)", choices=("sorted", "dense"))

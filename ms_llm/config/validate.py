@@ -164,9 +164,12 @@ def check_moe(m, pc):
                    "the list is empty: no layer would be an MoE layer" if not moe.layers else "a layer is listed twice")
             raise UserError(f"model.moe.layers = {moe.layers}: {why} (model.num_layers = {m.num_layers}). List "
                             f"distinct layer indices below {m.num_layers}, or null for every layer.")
-    for name, v in (("ffn_hidden_size", moe.ffn_hidden_size), ("router_init_std", moe.router_init_std)):
-        if v is not None and v <= 0:
-            raise UserError(f"model.moe.{name} = {v} must be > 0 (or null: model.{'ffn_hidden_size' if name[0] == 'f' else 'init_std'}).")
+    if moe.ffn_hidden_size is not None and moe.ffn_hidden_size <= 0:
+        raise UserError(f"model.moe.ffn_hidden_size = {moe.ffn_hidden_size} must be a positive width (or null: "
+                        f"model.ffn_hidden_size).")
+    if moe.router_init_std is not None and moe.router_init_std < 0:
+        raise UserError(f"model.moe.router_init_std = {moe.router_init_std} must be >= 0 (0: a router that starts at "
+                        f"zero; null: model.init_std).")
     if moe.shared_expert_size < 0 or moe.aux_loss_coef < 0 or moe.z_loss_coef < 0:
         raise UserError(f"model.moe.shared_expert_size = {moe.shared_expert_size}, aux_loss_coef = "
                         f"{moe.aux_loss_coef}, z_loss_coef = {moe.z_loss_coef}: none may be negative.")

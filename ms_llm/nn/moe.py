@@ -46,7 +46,7 @@ is refused there by MindSpore 2.10), so this portable composition is what ms_llm
 import mindspore as ms
 from mindspore import nn, ops
 
-from ms_llm.nn.init import normal
+from ms_llm.nn.init import normal, zeros
 from ms_llm.nn.linear import Linear
 from ms_llm.nn.mlp import SiluGate, SwiGLU
 
@@ -78,7 +78,8 @@ class Router(nn.Cell):
 
     def __init__(self, hidden, num_experts, init_std):
         super().__init__()
-        self.weight = normal((num_experts, hidden), init_std, "weight")
+        self.weight = normal((num_experts, hidden), init_std, "weight") if init_std > 0 else \
+            zeros((num_experts, hidden), "weight")
         self.matmul = ops.MatMul(transpose_b=True)
 
     def construct(self, x):

@@ -28,7 +28,7 @@ SIB_ABS, SIB_REL, SIB_SPREAD = 0.05, 0.05, 3.0  # behind siblings by max(0.05, 5
 
 
 def rule_progress(run, found, _):
-    if "loss_nonfinite" in found or "divergence" in found:
+    if "loss_nonfinite" in found or "divergence" in found or "moe_aux_too_large" in found:
         return None  # those explain the curve better
     pts = curve(run)
     warm, n = run.cfg("train.warmup_steps", 0), run.max_steps or 0
@@ -192,7 +192,7 @@ def lr_step_share(run):
 # --- sibling runs ------------------------------------------------------------------------------------
 
 def rule_siblings(run, found, _):
-    if "loss_nonfinite" in found or "divergence" in found:
+    if "loss_nonfinite" in found or "divergence" in found or "moe_aux_too_large" in found:
         return None
     pts = curve(run)
     if len(pts) < MIN_RECORDS:
