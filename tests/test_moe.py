@@ -271,6 +271,19 @@ def test_interval_fields_share_ratio_means_and_drops():
     assert interval_fields(np.zeros((1, 9)), [3], 0.1, 0.0) == {}  # nothing accumulated: no fields
 
 
+def test_the_router_buffer_is_read_once_per_interval_and_zeroed():
+    from types import SimpleNamespace
+
+    from ms_llm.train.router_stats import RouterStats
+
+    buffer = ms.Parameter(ms.Tensor(np.array([[3, 1, 1.0, 0.0, 0, 4, 1]], np.float32)), name="router_stats")
+    m = load_config(None, TINY + ["model.moe={num_experts: 2, top_k: 2, layers: [1]}"]).model
+    stats = RouterStats(SimpleNamespace(cfg=SimpleNamespace(model=m), step_fn=SimpleNamespace(
+        state=SimpleNamespace(router_stats=buffer))))
+    assert stats.read()["moe/1/share"] == [0.75, 0.25]
+    assert stats.read() == {} and not buffer.asnumpy().any()  # zeroed: the next interval starts from nothing
+
+
 def test_router_fields_become_insight_and_tensorboard_scalars():
     from ms_llm.monitor.metrics import format_line, scalar_values
 
@@ -281,6 +294,59 @@ def test_router_fields_become_insight_and_tensorboard_scalars():
     assert scalars["moe/1/share/0"] == 0.75 and scalars["moe/1/share/1"] == 0.25 and scalars["aux_loss"] == 0.0125
     assert scalars["moe/1/lb_loss"] == 1.25 and "moe/1/max_min" not in scalars  # null (an idle expert) left out
     assert "aux 0.0125" in format_line(record, 100)
+
+
+# --- diagnose on synthetic router fields (the fault suite trains the real thing) -----------------------------
+
+def synthetic_run(shares, aux=0.0, coef=0.01, lb=1.0, dropped=0.0, extra=None):
+    """A run whose every log record has the given per-layer shares (a list per record, or one list for all)."""
+    from ms_llm.rundir.reader import Run
+
+    records = []
+    for i, share in enumerate(shares):
+        r = {"step": 10 * (i + 1), "loss": 3.0 - 0.01 * i, "grad_norm": 0.5, "aux_loss": aux,
+             "moe/0/share": share, "moe/0/lb_loss": lb, "moe/0/dropped_frac": dropped}
+        records.append(r)
+    config = {"model": {"moe": {"num_experts": len(shares[0]), "top_k": 2, "aux_loss_coef": coef, "z_loss_coef": 0.0,
+                                "capacity_factor": 1.0 if dropped else None, **(extra or {})}, "init_std": 0.02},
+              "train": {"clip_grad": 1.0, "max_steps": 10 * len(shares)}}
+    return Run(path="synthetic", config=config, train=records)
+
+
+BALANCED = [0.1, 0.15, 0.12, 0.13, 0.1, 0.16, 0.12, 0.12]
+COLLAPSED = [0.45, 0.4, 0.03, 0.03, 0.03, 0.02, 0.02, 0.02]
+
+
+def moe_findings(run):
+    from ms_llm.diagnose.rules.moe import rule_moe
+
+    return {f.id: f for f in rule_moe(run, {}, None) or []}
+
+
+def test_a_balanced_router_raises_nothing_and_a_collapsed_one_is_named():
+    assert moe_findings(synthetic_run([BALANCED] * 20, aux=0.01)) == {}
+    found = moe_findings(synthetic_run([BALANCED] * 10 + [COLLAPSED] * 10, aux=0.0, coef=0.0, lb=3.0))
+    assert "moe_router_collapse" in found and found["moe_router_collapse"].confidence == "high"
+    assert found["moe_router_collapse"].actions[0].startswith("--set model.moe.aux_loss_coef=0.01")
+
+
+def test_a_collapse_that_is_recovering_or_passing_is_not_sustained():
+    recovering = [COLLAPSED] * 15 + [[0.35, 0.33, 0.08, 0.08, 0.06, 0.04, 0.03, 0.03]] * 2 + [BALANCED] * 3
+    assert "moe_router_collapse" not in moe_findings(synthetic_run(recovering, aux=0.01))
+    passing = [BALANCED] * 16 + [COLLAPSED] * 2 + [BALANCED] * 2  # a healthy run's brief peak
+    assert moe_findings(synthetic_run(passing, aux=0.01)) == {}
+
+
+def test_dead_experts_dropping_and_the_aux_coefficient_both_ways():
+    dead = [[0.2, 0.2, 0.2, 0.2, 0.2, 0.0, 0.0, 0.0]] * 20
+    assert set(moe_findings(synthetic_run(dead, aux=0.0, coef=0.0))) == {"moe_dead_experts"}
+    uneven = [[0.27, 0.25, 0.2, 0.1, 0.08, 0.05, 0.03, 0.02]] * 20
+    assert set(moe_findings(synthetic_run(uneven, aux=1e-5, coef=1e-5))) == {"moe_aux_too_small"}
+    assert moe_findings(synthetic_run(uneven, aux=0.012, coef=0.01)) == {}  # uneven, but the aux loss pulls
+    large = moe_findings(synthetic_run([BALANCED] * 20, aux=100.0, coef=100.0))
+    assert set(large) == {"moe_aux_too_large"} and "times the LM loss" in large["moe_aux_too_large"].evidence[0]
+    drop = moe_findings(synthetic_run([BALANCED] * 20, aux=0.01, dropped=0.3))["moe_tokens_dropped"]
+    assert drop.actions[0] == "--set model.moe.capacity_factor=1.5 (the busiest expert's median share × E: it then fits)"
 
 
 # --- expert parallelism in the planner ----------------------------------------------------------------------

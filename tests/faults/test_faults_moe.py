@@ -10,7 +10,7 @@ run (8 experts, top-2, the default aux loss) that raises no alarm and records it
                                                    → moe_aux_too_small, the coefficient first
     (y) aux coefficient too large: 100             → moe_aux_too_large, the coefficient first
 
-Each fault run is 120 steps of the tiny Llama with MoE MLPs (log every 10: the rules' window is the last 5 records).
+Each run is 200 steps of the tiny Llama with MoE MLPs (logged every 10 steps: the rules judge the last 5 records).
 """
 import json
 
@@ -54,7 +54,7 @@ def test_the_report_shows_expert_load_heat_maps_and_the_aux_loss(healthy):
     html = open(write_report([str(healthy)], str(healthy / "report.html")), encoding="utf-8").read()
     for panel in ("expert_load_0_0", "expert_load_0_1", "aux_loss", "lb_loss"):
         assert f'data-panel="{panel}"' in html, panel
-    assert "expert load, layer 1 (% of the layer" in html and '"row_label": "expert"' in html
+    assert "expert load, layer 1 (% of the layer" in html and '"row_label":"expert"' in html
     assert 'data-panel="dropped"' not in html  # dropless: nothing to draw
 
 
@@ -73,7 +73,7 @@ def test_the_report_shows_expert_load_heat_maps_and_the_aux_loss(healthy):
      "--set model.moe.aux_loss_coef=0.01"),
 ])
 def test_moe_faults_are_named_first(dataset, tmp_path, name, overrides, fid, words, fix):
-    train(tiny_cfg(dataset, *MOE, *sets("train.max_steps=120", "train.eval_interval=60", *overrides)), tmp_path / name)
+    train(tiny_cfg(dataset, *MOE, *sets("train.max_steps=200", "train.eval_interval=100", *overrides)), tmp_path / name)
     found = diagnose(tmp_path / name)
     first_cause(found, fid, *words, confidence="high")
     assert alarms(found)[0].id == fid, finding_text(alarms(found))

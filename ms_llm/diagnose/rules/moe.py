@@ -20,8 +20,9 @@ import statistics
 from ms_llm.diagnose.common import Finding, cause, finite, g
 
 MIN_WINDOW, WINDOW_SHARE = 5, 0.25   # sustained: the last max(5, 25%) of the log records
-COLLAPSE_WAY = 0.5      # collapsed: the top share is past halfway from the fair 1/E to the most one expert can
-                        # take, 1/top_k (E=8, k=2: 31%; a healthy run's passing peaks stay below, its window median far)
+COLLAPSE_WAY = 0.6      # collapsed: the top share is 60% of the way from the fair 1/E to the most one expert can
+                        # take, 1/top_k (E=8, k=2: 35%; a healthy run's passing peaks reach 31%, its windows <= 25%;
+                        # an uneven router without a balancing loss stays near 30%, the aux-too-small case)
 NOT_FALLING = 0.02      # ... and it did not fall by more than 2 points of share over the window
 IMBALANCE = 2.0         # uneven: the window's median top share at least 2x the fair share (healthy runs here: <= 1.7x)
 NEGLIGIBLE_AUX = 1e-3   # the aux loss below 0.1% of the LM loss: it cannot pull the router
@@ -111,6 +112,16 @@ def rule_moe(run, found, _):
     return out or None
 
 
+def uneven_from_the_start(run, layer, fair):
+    """Whether the layer's first log record is already uneven (busiest expert >= IMBALANCE x fair, or an expert at
+    zero): then the imbalance comes from the start (the init), not from training drifting into it."""
+    first = next((r for r in run.train if isinstance(r.get(f"moe/{layer}/share"), list)), None)
+    if first is None:
+        return False
+    share = first[f"moe/{layer}/share"]
+    return max(share) >= IMBALANCE * fair or min(share) == 0
+
+
 def coef_action(coef):
     return (f"--set model.moe.aux_loss_coef={SWITCH_COEF:g} (now {g(coef)}; the Switch Transformer's value)"
             if coef < SWITCH_COEF else f"--set model.moe.aux_loss_coef={3 * coef:.2g} (3x the current {g(coef)})")
@@ -138,7 +149,7 @@ def balance_causes(run, weak, aux_txt, coef, first_record_bad):
                        "high" if weak else "low")
     causes = []
     if init and first_record_bad:
-        causes.append(cause(init + " (the imbalance is there from the first log record)", "high"))
+        causes.append(cause(init + " (the imbalance is there from the first log record on)", "high"))
         causes.append(weak_cause)
     else:
         causes.append(weak_cause)
@@ -172,8 +183,7 @@ def collapse_finding(run, e, k, fair, line, collapsed, span, weak, aux_txt, coef
                   f"tokens in every record of {span}, {100 * tops[0]:.3g}% at its start and {100 * tops[-1]:.3g}% at "
                   f"its end (not falling); expert {busiest} is the busiest"
                   + (f"; experts {', '.join(map(str, dead))} got no token at all" if dead else ""))
-        first = next((r for r in run.train if isinstance(r.get(f"moe/{layer}/share"), list)), None)
-        first_bad = first_bad or (first is not None and max(first[f"moe/{layer}/share"]) >= line)
+        first_bad = first_bad or uneven_from_the_start(run, layer, fair)
     ev.append(aux_txt)
     names = ", ".join(str(layer) for layer, *_ in collapsed)
     return Finding("moe_router_collapse", "error",
@@ -187,10 +197,7 @@ def dead_finding(run, e, dead_only, span, weak, aux_txt, coef, zcoef):
           for layer, dead in dead_only]
     ev.append(aux_txt)
     n = sum(len(d) for _, d in dead_only)
-    first_bad = False
-    for layer, dead in dead_only:
-        first = next((r for r in run.train if isinstance(r.get(f"moe/{layer}/share"), list)), None)
-        first_bad = first_bad or (first is not None and any(first[f"moe/{layer}/share"][j] == 0 for j in dead))
+    first_bad = any(uneven_from_the_start(run, layer, 1.0 / e) for layer, _ in dead_only)
     causes = balance_causes(run, weak, aux_txt, coef, first_bad)
     return Finding("moe_dead_experts", "warning", f"{n} dead expert(s): no tokens routed to them for the last {span}",
                    ev, causes, balance_actions(run, coef, zcoef))
