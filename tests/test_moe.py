@@ -333,6 +333,9 @@ def test_a_balanced_router_raises_nothing_and_a_collapsed_one_is_named():
 def test_a_collapse_that_is_recovering_or_passing_is_not_sustained():
     recovering = [COLLAPSED] * 15 + [[0.35, 0.33, 0.08, 0.08, 0.06, 0.04, 0.03, 0.03]] * 2 + [BALANCED] * 3
     assert "moe_router_collapse" not in moe_findings(synthetic_run(recovering, aux=0.01))
+    improving = [COLLAPSED] * 15 + [[top, 0.3, 0.1, 0.1, 0.1, 0.1, 0.1, 0.2 - top] for top in
+                                    (0.47, 0.45, 0.43, 0.41, 0.39)]  # still high, but falling: the balance improves
+    assert "moe_router_collapse" not in moe_findings(synthetic_run(improving, aux=0.01))
     passing = [BALANCED] * 16 + [COLLAPSED] * 2 + [BALANCED] * 2  # a healthy run's brief peak
     assert moe_findings(synthetic_run(passing, aux=0.01)) == {}
 

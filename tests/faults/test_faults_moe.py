@@ -32,6 +32,7 @@ def healthy(dataset, tmp_path_factory):
 @pytest.mark.slow
 def test_a_healthy_moe_run_is_quiet_and_records_router_health(healthy):
     found = diagnose(healthy)
+    print(f"healthy MoE run: {len(alarms(found))} alarms; notes: {[f.id for f in found]}")
     assert not alarms(found), finding_text(alarms(found))
     records = [json.loads(line) for line in open(healthy / "metrics.jsonl")]
     train_records = [r for r in records if "loss" in r]
@@ -75,6 +76,8 @@ def test_the_report_shows_expert_load_heat_maps_and_the_aux_loss(healthy):
 def test_moe_faults_are_named_first(dataset, tmp_path, name, overrides, fid, words, fix):
     train(tiny_cfg(dataset, *MOE, *sets("train.max_steps=200", "train.eval_interval=100", *overrides)), tmp_path / name)
     found = diagnose(tmp_path / name)
+    print(f"{name}: first alarm {alarms(found)[0].id if alarms(found) else None}: {alarms(found)[0].symptom}; cause 1: "
+          f"{alarms(found)[0].causes[0]}; action 1: {alarms(found)[0].actions[0]}" if alarms(found) else "no alarm")
     first_cause(found, fid, *words, confidence="high")
     assert alarms(found)[0].id == fid, finding_text(alarms(found))
     f = next(x for x in found if x.id == fid)
