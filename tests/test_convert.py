@@ -130,6 +130,7 @@ def our_logits(out_dir, ids):
     return model(ms.Tensor(ids[None].astype(np.int32))).asnumpy()[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_hf_to_ours_matches_numpy_reference_and_round_trips(family, tmp_path):
     rng = np.random.default_rng(0)
@@ -163,6 +164,7 @@ def test_hf_to_ours_matches_numpy_reference_and_round_trips(family, tmp_path):
                    for k in tensors)
 
 
+@pytest.mark.slow
 def test_mismatched_checkpoints_list_the_offending_tensors(tmp_path):
     rng = np.random.default_rng(1)
     cfg, tensors = gpt2_hf(rng)

@@ -110,6 +110,7 @@ def cli(*args):
     return code, out.getvalue(), err.getvalue()
 
 
+@pytest.mark.slow
 def test_cli_converts_a_config_plans_it_and_train_names_a_mindformers_file(tmp_path):
     out = tmp_path / "llama2_7b.yaml"
     proc = ms_llm("convert", "--from-mindformers-config", fixture("pretrain_llama2_7b_auto_parallel"), "--output",
@@ -141,6 +142,7 @@ def write_mindformers_mindrecord(folder, samples, seq_length, vocab):
     writer.commit()
 
 
+@pytest.mark.slow
 def test_converted_config_trains_20_steps_on_an_adopted_mindformers_mindrecord(tmp_path):
     """The whole move: MindFormers YAML → our config; MindFormers-layout MindRecord → `ms-llm data adopt`; 20
     steps with the converted settings (schedule, loss scale, clipping). A CPU can only take a small model of
@@ -327,6 +329,7 @@ def test_mindformers_checkpoint_matches_numpy_and_round_trips_bit_for_bit(kind, 
     assert not bad, bad
 
 
+@pytest.mark.slow
 def test_cli_round_trip_and_every_mismatch_listed(tiny_config, tmp_path):
     rng = np.random.default_rng(4)
     plain = plain_weights(rng, "bfloat16")

@@ -192,6 +192,7 @@ def test_data_rank_gives_model_and_pipeline_peers_the_same_slice():
     assert [build_plan(cfg("train.global_batch_size=24"), 2).data_rank(r) for r in range(2)] == [0, 1]
 
 
+@pytest.mark.slow
 def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
     from mindspore.nn.utils import no_init_parameters
 
@@ -246,6 +247,7 @@ print("COUNTS", text.count("Sigmoid("), text.count("Softmax("))
 """
 
 
+@pytest.mark.slow
 def test_recompute_shows_in_the_compiled_graph_and_keeps_the_losses(dataset, tmp_path):
     def probe(name, *overrides):
         proc = subprocess.run([sys.executable, "-c", RECOMPUTE_PROBE, str(tmp_path / name), ROOT, dataset, *overrides],
@@ -268,6 +270,7 @@ def test_recompute_shows_in_the_compiled_graph_and_keeps_the_losses(dataset, tmp
     assert mixed_losses == base_losses and mixed_gelu == 3 and mixed_softmax == 3
 
 
+@pytest.mark.slow
 def test_reshard_split_for_model_parallel_then_merge_is_bit_identical(tmp_path):
     from ms_llm.checkpoint import store
     from ms_llm.config import save_config

@@ -238,6 +238,7 @@ class FakeProcess:
         self.signals.append(signum)
 
 
+@pytest.mark.slow
 def test_runner_stops_a_diverging_or_behind_trial_with_one_sigterm(tmp_path):
     from ms_llm.tune.runner import Runner, Running
     from ms_llm.tune.trial import Trial
@@ -365,6 +366,7 @@ def test_lr_find_readings_on_a_known_curve():
     assert flat["suggested_lr"] is None
 
 
+@pytest.mark.slow
 def test_lr_find_refuses_a_used_output_dir(tmp_path):
     from ms_llm.tune.lr_find import lr_find
 
@@ -390,6 +392,7 @@ def tiny_config_args(dataset):
     return keep + ["--set", "monitor.telemetry_interval_s=null", "--set", "train.warmup_steps=1"]
 
 
+@pytest.mark.slow
 def test_sweep_interrupted_resumed_diverging_trial_stopped(dataset, tmp_path):
     sweep_dir = tmp_path / "sw"
     args = ["sweep"] + tiny_config_args(dataset) + ["--vary", "train.lr=1e-3,1e-2,3", "--steps", "40",
@@ -449,6 +452,7 @@ def resume_step(run_dir):
     return next(int(f.split("_")[1].split(".")[0]) for f in os.listdir(run_dir) if f.startswith("config.resume_"))
 
 
+@pytest.mark.slow
 def test_lr_find_on_the_tiny_model(dataset, tmp_path):
     out = tmp_path / "lrf"
     r = ms_llm("debug", "lr-find", *tiny_config_args(dataset), "--steps", "60", "--output-dir", str(out))

@@ -19,8 +19,10 @@ import json
 import pytest
 
 from conftest import ms_llm, tiny_train_args
-from faultkit import diagnose, finding_text, first_cause, tiny_cfg, train
+from faultkit import diagnose, first_cause, tiny_cfg, train
 from ms_llm.train.step import cross_entropy
+
+pytestmark = pytest.mark.slow  # every fault here is injected into a training run
 
 
 @pytest.fixture

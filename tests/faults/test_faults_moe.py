@@ -1,14 +1,14 @@
 """Mixture-of-experts faults, injected through the config, each named first by `ms-llm diagnose`; and a healthy MoE
 run (8 experts, top-2, the default aux loss) that raises no alarm and records its router health:
 
-    (u) router collapse: a router that starts at zero (every expert tied), no balancing loss
+    (moe-a) router collapse: a router that starts at zero (every expert tied), no balancing loss
                                                    → moe_router_collapse, the zero init first
-    (v) dead experts: 32 experts, top-1, a router initialised 150x wider than the rest, no balancing loss
+    (moe-b) dead experts: 32 experts, top-1, a router initialised 150x wider than the rest, no balancing loss
                                                    → moe_dead_experts, the wide init first
-    (w) heavy token dropping: capacity_factor 0.5  → moe_tokens_dropped, the capacity below 1 first
-    (x) aux coefficient too small: 1e-5 with a router initialised 15x wider
+    (moe-c) heavy token dropping: capacity_factor 0.5  → moe_tokens_dropped, the capacity below 1 first
+    (moe-d) aux coefficient too small: 1e-5 with a router initialised 15x wider
                                                    → moe_aux_too_small, the coefficient first
-    (y) aux coefficient too large: 100             → moe_aux_too_large, the coefficient first
+    (moe-e) aux coefficient too large: 100             → moe_aux_too_large, the coefficient first
 
 Each run is 200 steps of the tiny Llama with MoE MLPs (logged every 10 steps: the rules judge the last 5 records).
 """
