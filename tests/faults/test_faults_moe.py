@@ -61,16 +61,16 @@ def test_the_report_shows_expert_load_heat_maps_and_the_aux_loss(healthy):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, overrides, fid, words, fix", [
-    ("u_collapse", ("model.moe.router_init_std=0", "model.moe.aux_loss_coef=0"), "moe_router_collapse",
+    ("moe_a_collapse", ("model.moe.router_init_std=0", "model.moe.aux_loss_coef=0"), "moe_router_collapse",
      ("router starts at zero",), "--set model.moe.aux_loss_coef=0.01"),
-    ("v_dead", ("model.moe.num_experts=32", "model.moe.top_k=1", "model.moe.router_init_std=3.0",
-                "model.moe.aux_loss_coef=0"), "moe_dead_experts", ("initialised 150x wider",),
+    ("moe_b_dead", ("model.moe.num_experts=32", "model.moe.top_k=1", "model.moe.router_init_std=3.0",
+                    "model.moe.aux_loss_coef=0"), "moe_dead_experts", ("initialised 150x wider",),
      "--set model.moe.aux_loss_coef=0.01"),
-    ("w_drop", ("model.moe.capacity_factor=0.5",), "moe_tokens_dropped", ("capacity_factor = 0.5 < 1",),
+    ("moe_c_drop", ("model.moe.capacity_factor=0.5",), "moe_tokens_dropped", ("capacity_factor = 0.5 < 1",),
      "--set model.moe.capacity_factor="),
-    ("x_aux_small", ("model.moe.router_init_std=0.3", "model.moe.aux_loss_coef=1e-5"), "moe_aux_too_small",
+    ("moe_d_aux_small", ("model.moe.router_init_std=0.3", "model.moe.aux_loss_coef=1e-5"), "moe_aux_too_small",
      ("aux_loss_coef = 1e-05 is too small",), "--set model.moe.aux_loss_coef=0.01"),
-    ("y_aux_large", ("model.moe.aux_loss_coef=100",), "moe_aux_too_large", ("aux_loss_coef = 100 is too large",),
+    ("moe_e_aux_large", ("model.moe.aux_loss_coef=100",), "moe_aux_too_large", ("aux_loss_coef = 100 is too large",),
      "--set model.moe.aux_loss_coef=0.01"),
 ])
 def test_moe_faults_are_named_first(dataset, tmp_path, name, overrides, fid, words, fix):
@@ -82,7 +82,7 @@ def test_moe_faults_are_named_first(dataset, tmp_path, name, overrides, fid, wor
     assert alarms(found)[0].id == fid, finding_text(alarms(found))
     f = next(x for x in found if x.id == fid)
     assert f.actions[0].startswith(fix), f.actions
-    if name == "w_drop":  # counted per log interval (the step's buffer is zeroed at each read), not cumulatively
+    if name == "moe_c_drop":  # counted per log interval (the step's buffer is zeroed at each read), not cumulatively
         records = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
         per_interval = 10 * 8 * 32 * 2  # steps × tokens per step × top_k
         drops = [r["moe/0/dropped"] for r in records if "loss" in r]
