@@ -352,6 +352,28 @@ def test_dead_experts_dropping_and_the_aux_coefficient_both_ways():
     assert drop.actions[0] == "--set model.moe.capacity_factor=1.5 (the busiest expert's median share × E: it then fits)"
 
 
+def test_the_engine_puts_the_moe_finding_first_and_the_loss_rules_yield_to_a_dominating_aux_loss(tmp_path,
+                                                                                                 monkeypatch):
+    """Through `diagnose` itself (rule order, not the rule alone): a collapsed router is the first alarm of a run whose
+    loss curve is healthy; an aux loss that dominates leaves a flat LM loss at the unigram level to moe_aux_too_large
+    (underfitting and the progress rules would otherwise name dropout, capacity or the data)."""
+    from test_diagnose import UNIGRAM, healthy, write_run
+    from ms_llm.diagnose.engine import diagnose
+
+    monkeypatch.setenv("MS_LLM_CACHE", str(tmp_path / "cache"))
+    moe = ["model.arch=llama", "model.moe={num_experts: 8, top_k: 2, aux_loss_coef: 0}"]
+    collapsed = [dict(r, **{"aux_loss": 0.0, "moe/0/share": COLLAPSED, "moe/0/lb_loss": 3.0,
+                            "moe/0/dropped_frac": 0.0}) if "loss" in r else r for r in healthy()]
+    alarms = [f for f in diagnose(write_run(str(tmp_path / "collapse"), collapsed, moe))[1] if f.severity != "info"]
+    assert alarms and alarms[0].id == "moe_router_collapse", [f.id for f in alarms]
+    flat = [dict(r, loss=UNIGRAM + 0.01 * (i % 2), **{"aux_loss": 1.0, "moe/0/share": BALANCED, "moe/0/lb_loss": 1.0,
+                                                      "moe/0/dropped_frac": 0.0}) if "loss" in r else
+            dict(r, val_loss=UNIGRAM + 0.02) for i, r in enumerate(healthy())]
+    moe[1] = "model.moe={num_experts: 8, top_k: 2, aux_loss_coef: 100}"
+    found = diagnose(write_run(str(tmp_path / "aux_large"), flat, moe))[1]
+    assert [f.id for f in found if f.severity != "info"] == ["moe_aux_too_large"], [(f.id, f.symptom) for f in found]
+
+
 # --- expert parallelism in the planner ----------------------------------------------------------------------
 
 def mixtral_plan(devices, *extra):
