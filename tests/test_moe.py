@@ -170,10 +170,19 @@ def moe_layer(e=4, k=2, capacity_factor=None, dispatch="sorted", normalize=True,
     return layer, weights, x
 
 
+@pytest.fixture
+def pynative():
+    """Op by op: the layer's arithmetic without a graph compile per case (seconds each); graph mode, which the
+    static shapes are for, runs it in the conversion parity tests and every training test."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    yield
+    ms.set_context(mode=ms.GRAPH_MODE)
+
+
 @pytest.mark.parametrize("dispatch, capacity_factor, normalize", [("sorted", None, True), ("sorted", 0.75, True),
                                                                   ("dense", None, False), ("dense", 0.75, True),
                                                                   ("sorted", None, False)])
-def test_the_layer_computes_the_reference(dispatch, capacity_factor, normalize):
+def test_the_layer_computes_the_reference(dispatch, capacity_factor, normalize, pynative):
     from ms_llm.nn.moe import STAT_NAMES, capacity
 
     layer, w, x = moe_layer(capacity_factor=capacity_factor, dispatch=dispatch, normalize=normalize)
