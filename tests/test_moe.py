@@ -365,7 +365,7 @@ def test_the_engine_puts_the_moe_finding_first_and_the_loss_rules_yield_to_a_dom
                                                                                                  monkeypatch):
     """Through `diagnose` itself (rule order, not the rule alone): a collapsed router is the first alarm of a run whose
     loss curve is healthy; an aux loss that dominates leaves a flat LM loss at the unigram level to moe_aux_too_large
-    (underfitting and the progress rules would otherwise name dropout, capacity or the data)."""
+    (underfitting and the progress rules would otherwise name the dropout, capacity or the data)."""
     from test_diagnose import UNIGRAM, healthy, write_run
     from ms_llm.diagnose.engine import diagnose
 
@@ -379,7 +379,12 @@ def test_the_engine_puts_the_moe_finding_first_and_the_loss_rules_yield_to_a_dom
                                                       "moe/0/dropped_frac": 0.0}) if "loss" in r else
             dict(r, val_loss=UNIGRAM + 0.02) for i, r in enumerate(healthy())]
     moe[1] = "model.moe={num_experts: 8, top_k: 2, aux_loss_coef: 100}"
-    found = diagnose(write_run(str(tmp_path / "aux_large"), flat, moe))[1]
+    run_dir = write_run(str(tmp_path / "aux_large"), flat, moe + ["model.dropout=0.2"])
+    with open(tmp_path / "_data" / "manifest.json") as f:  # validation flat at its own unigram entropy, with dropout
+        manifest = json.load(f)
+    manifest["stats"]["val"] = {"unigram_entropy_nats": UNIGRAM}
+    (tmp_path / "_data" / "manifest.json").write_text(json.dumps(manifest))
+    found = diagnose(run_dir)[1]
     assert [f.id for f in found if f.severity != "info"] == ["moe_aux_too_large"], [(f.id, f.symptom) for f in found]
 
 
