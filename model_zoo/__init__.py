@@ -13,10 +13,11 @@ def build_model(m, compute_dtype="float32", backend=None):
     from model_zoo.gpt2.model import build_gpt2
     from model_zoo.llama.model import build_llama
 
-    builders = {"gpt2": build_gpt2, "llama": build_llama}
     if m.vocab_size is None:
         raise ValueError("model.vocab_size must be resolved (from the dataset manifest) before building the model")
-    return builders[m.arch](m, DTYPES[compute_dtype], backend or PORTABLE)
+    if m.arch == "llama":
+        return build_llama(m, DTYPES[compute_dtype], backend or PORTABLE)
+    return build_gpt2(m, DTYPES[compute_dtype], backend or PORTABLE)  # model.arch's other choice
 
 
 def count_params(model, exclude_positions=False):

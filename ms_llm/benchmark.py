@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 from ms_llm.monitor.throughput import peak_memory_gib
+from ms_llm.parallel.shapes import ModelShape
 from ms_llm.train.session import open_session
 
 
@@ -76,6 +77,9 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
         "steps": steps,
         "tokens_per_step": s.tokens_per_step,
         "parameters": s.n_params,
+        # MoE: what one token computes with (top_k of each MoE layer's experts); = parameters for a dense model
+        "active_parameters": s.n_params - (ModelShape.from_config(s.cfg.model).inactive_expert_params()
+                                           if s.cfg.model.moe is not None else 0),
         "device": s.rt.device_target,
         "world_size": s.rt.world_size,
     }
@@ -84,7 +88,8 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
 def format_report(r):
     return "\n".join([
         f"benchmark: {r['steps']} timed steps of {r['tokens_per_step']:,} tokens on {r['device']} "
-        f"({r['world_size']} rank(s), {r['parameters']:,} parameters)",
+        f"({r['world_size']} rank(s), {r['parameters']:,} parameters"
+        + (f", {r['active_parameters']:,} active per token" if r["active_parameters"] != r["parameters"] else "") + ")",
         f"  tokens/s        {r['tokens_per_s']:,.0f}",
         f"  ms/step         median {r['ms_per_step']:.2f}   p90 {r['ms_per_step_p90']:.2f}   "
         f"mean {r['ms_per_step_mean']:.2f}",

@@ -20,7 +20,7 @@ OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.")
 OPTIMIZER_NAMES = ("adam_step",)
 # config keys that must match between a checkpoint and the run resuming it
 MUST_MATCH = {"model": ("arch", "num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size",
-                        "seq_length", "vocab_size", "bias", "tie_embeddings"),
+                        "seq_length", "vocab_size", "bias", "tie_embeddings", "moe"),
               "parallel_config": ("data_parallel", "model_parallel", "pipeline_stage")}
 
 

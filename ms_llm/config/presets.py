@@ -17,6 +17,10 @@ QWEN2_5 = dict(QWEN, qkv_bias=True)
 QWEN3 = dict(QWEN, qk_norm=True, head_dim=128, vocab_size=151936)
 # Mistral 7B v0.1: Llama's layer with GQA and a 4096-token sliding window (v0.2 and later have none).
 MISTRAL = dict(LLAMA2, num_kv_heads=8, seq_length=8192, sliding_window=4096)
+# Mixtures of experts (docs/moe.md). aux_loss_coef is the config.json's router_aux_loss_coef × top_k: transformers'
+# load-balancing loss is top_k times ms_llm's (its token fractions sum to top_k, ours to 1).
+MIXTRAL = dict(LLAMA2, num_kv_heads=8, seq_length=32768, rope_theta=1000000.0)
+QWEN3_MOE = dict(QWEN3, tie_embeddings=False)
 
 PRESETS = {
     # Small enough for unit tests on a laptop CPU.
@@ -47,4 +51,11 @@ PRESETS = {
     "qwen3-8b": dict(QWEN3, num_layers=36, hidden_size=4096, num_heads=32, num_kv_heads=8, ffn_hidden_size=12288,
                      tie_embeddings=False),
     "mistral-7b": dict(MISTRAL, num_layers=32, hidden_size=4096, num_heads=32, ffn_hidden_size=14336),
+    "tiny-moe": dict(arch="llama", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, seq_length=32,
+                     ffn_hidden_size=64, tie_embeddings=False, moe=dict(num_experts=8, top_k=2)),
+    "mixtral-8x7b": dict(MIXTRAL, num_layers=32, hidden_size=4096, num_heads=32, ffn_hidden_size=14336,
+                         moe=dict(num_experts=8, top_k=2, aux_loss_coef=0.04)),
+    "qwen3-30b-a3b": dict(QWEN3_MOE, num_layers=48, hidden_size=2048, num_heads=32, num_kv_heads=4,
+                          ffn_hidden_size=6144, moe=dict(num_experts=128, top_k=8, ffn_hidden_size=768,
+                                                         aux_loss_coef=0.008)),
 }

@@ -31,6 +31,33 @@ class RopeScalingConfig:
 
 
 @dataclass(frozen=True)
+class MoEConfig:
+    num_experts: int = opt(8, "routed experts in each MoE layer")
+    top_k: int = opt(2, "experts each token is sent to")
+    layers: Optional[List[int]] = opt(None, "indices of the layers whose MLP is an MoE block, e.g. [1, 3] (null: "
+                                            "every layer)")
+    ffn_hidden_size: Optional[int] = opt(None, "inner width of each expert (null: model.ffn_hidden_size; Qwen3-MoE's "
+                                               "moe_intermediate_size)")
+    normalize_top_k: bool = opt(True, "rescale the k chosen probabilities to sum to 1 (Mixtral always; Qwen3-MoE's "
+                                      "norm_topk_prob); false: use the softmax over all experts as they are")
+    shared_expert_size: int = opt(0, "inner width of a shared expert every token also goes through (Qwen2-MoE, "
+                                     "DeepSeek; 0: none)")
+    shared_expert_gate: bool = opt(False, "scale the shared expert's output by sigmoid(x·w) (Qwen2-MoE)")
+    aux_loss_coef: float = opt(0.01, "load-balancing loss coefficient (Switch/GShard: E·Σ f_e·P_e, 1.0 when the "
+                                     "routing is balanced)")
+    z_loss_coef: float = opt(0.0, "router z-loss coefficient, mean logsumexp(router logits)² (ST-MoE uses 1e-3; "
+                                  "0: off)")
+    capacity_factor: Optional[float] = opt(None, "null: dropless (every token reaches its k experts); a number: each "
+                                                 "expert takes at most ceil(capacity_factor·tokens·top_k/num_experts) "
+                                                 "tokens per micro-batch, the rest are dropped (and counted)")
+    router_init_std: Optional[float] = opt(None, "std of the router weight's normal init (null: model.init_std; 0: "
+                                                 "zeros, every expert tied for every token at the start)")
+    dispatch: str = opt("sorted", "how tokens reach experts: sorted (gather into per-expert blocks; compute scales "
+                                  "with top_k/num_experts) or dense (every expert computes every token, weighted; "
+                                  "the reference the other is tested against)", choices=("sorted", "dense"))
+
+
+@dataclass(frozen=True)
 class ModelConfig:
     arch: str = opt("gpt2", "model family; llama covers its relatives (Llama 3, Qwen2.5, Qwen3, Mistral) through the "
                             "options below or a preset", choices=("gpt2", "llama"))
@@ -59,6 +86,8 @@ class ModelConfig:
     qk_norm: bool = opt(False, "llama: RMSNorm over each head's q and k before RoPE (Qwen3)")
     sliding_window: Optional[int] = opt(None, "llama: each token attends to at most this many most recent tokens, "
                                               "itself included, in every layer (Mistral; null: all earlier tokens)")
+    moe: Optional[MoEConfig] = opt(None, "llama: mixture-of-experts MLPs, e.g. {num_experts: 8, top_k: 2} "
+                                         "(Mixtral, Qwen3-MoE; docs/moe.md; null: dense MLPs)")
 
 
 @dataclass(frozen=True)
@@ -126,6 +155,8 @@ class PrecisionConfig:
 class ParallelConfig:
     data_parallel: Optional[int] = opt(None, "data-parallel ranks (null: world size / (model_parallel * pipeline_stage))")
     model_parallel: int = opt(1, "tensor-parallel ranks")
+    expert_parallel: int = opt(1, "MoE: ranks the experts are split over (a divisor of data_parallel and of "
+                                  "model.moe.num_experts); tokens reach their experts by all-to-all")
     pipeline_stage: int = opt(1, "pipeline stages")
     micro_batch_num: int = opt(1, "pipeline micro-batches per step (= global / (data_parallel × micro batch) "
                                   "when pipeline_stage > 1)")

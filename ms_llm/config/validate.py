@@ -28,6 +28,7 @@ def validate_config(cfg):
                 ("train.max_steps", t.max_steps), ("train.log_interval", t.log_interval),
                 ("train.eval_steps", t.eval_steps), ("precision.scale_window", p.scale_window),
                 ("parallel_config.model_parallel", cfg.parallel_config.model_parallel),
+                ("parallel_config.expert_parallel", cfg.parallel_config.expert_parallel),
                 ("parallel_config.pipeline_stage", cfg.parallel_config.pipeline_stage),
                 ("parallel_config.micro_batch_num", cfg.parallel_config.micro_batch_num)]
     for name, v in positive:
@@ -58,6 +59,7 @@ def validate_config(cfg):
                         "the q, k and v projections (Qwen2.5) set model.qkv_bias: true.")
     check_llama_options(m)
     m = replace(m, ffn_hidden_size=derived_ffn_hidden_size(m))
+    check_moe(m, cfg.parallel_config)
     cfg = replace(cfg, model=m)
     if not 0.0 <= m.dropout < 1.0:
         raise UserError(f"model.dropout = {m.dropout} must be in [0, 1).")
@@ -130,6 +132,68 @@ def check_llama_options(m):
                             f"{rs.original_max_position_embeddings}: the llama3 rule needs factor >= 1, "
                             f"0 < low_freq_factor < high_freq_factor and a positive original context (Llama 3.1: "
                             f"8, 1, 4, 8192).")
+
+
+def check_moe(m, pc):
+    """model.moe (a mixture of experts in place of chosen layers' MLPs) and parallel_config.expert_parallel."""
+    moe, ep = m.moe, pc.expert_parallel
+    if moe is None:
+        if ep > 1:
+            raise UserError(f"parallel_config.expert_parallel = {ep} without model.moe: expert parallelism splits the "
+                            f"experts of mixture-of-experts layers over ranks, and this model has none. Set "
+                            f"expert_parallel to 1, or add model.moe: {{num_experts: 8, top_k: 2}}.")
+        return
+    if m.arch != "llama":
+        raise UserError(f"model.moe with model.arch = {m.arch}: the experts are SwiGLU MLPs of the llama family "
+                        f"(Mixtral, Qwen3-MoE). Use model.arch: llama, or remove model.moe.")
+    if moe.num_experts < 1 or moe.top_k < 1:
+        raise UserError(f"model.moe.num_experts = {moe.num_experts} and model.moe.top_k = {moe.top_k} must both be "
+                        f"positive integers (Mixtral: 8 experts, top_k 2).")
+    if moe.top_k > moe.num_experts:
+        raise UserError(f"model.moe.top_k = {moe.top_k} is larger than model.moe.num_experts = {moe.num_experts}: "
+                        f"each token is sent to top_k different experts. Set top_k <= {moe.num_experts} (Mixtral "
+                        f"sends each token to 2 of 8), or add experts.")
+    if moe.capacity_factor is not None and moe.capacity_factor <= 0:
+        raise UserError(f"model.moe.capacity_factor = {moe.capacity_factor} must be > 0: each expert takes at most "
+                        f"capacity_factor × tokens × top_k / num_experts tokens (1.25 is usual). For no limit (no "
+                        f"token dropped) set it to null, the default; MindFormers' capacity_factor <= 0 means the same.")
+    if moe.layers is not None:
+        bad = [i for i in moe.layers if not 0 <= i < m.num_layers]
+        if bad or not moe.layers or len(set(moe.layers)) != len(moe.layers):
+            why = (f"{bad} out of range: layers are numbered 0 to {m.num_layers - 1}" if bad else
+                   "the list is empty: no layer would be an MoE layer" if not moe.layers else "a layer is listed twice")
+            raise UserError(f"model.moe.layers = {moe.layers}: {why} (model.num_layers = {m.num_layers}). List "
+                            f"distinct layer indices below {m.num_layers}, or null for every layer.")
+    if moe.ffn_hidden_size is not None and moe.ffn_hidden_size <= 0:
+        raise UserError(f"model.moe.ffn_hidden_size = {moe.ffn_hidden_size} must be a positive width (or null: "
+                        f"model.ffn_hidden_size).")
+    if moe.router_init_std is not None and moe.router_init_std < 0:
+        raise UserError(f"model.moe.router_init_std = {moe.router_init_std} must be >= 0 (0: a router that starts at "
+                        f"zero; null: model.init_std).")
+    if moe.shared_expert_size < 0 or moe.aux_loss_coef < 0 or moe.z_loss_coef < 0:
+        raise UserError(f"model.moe.shared_expert_size = {moe.shared_expert_size}, aux_loss_coef = "
+                        f"{moe.aux_loss_coef}, z_loss_coef = {moe.z_loss_coef}: none may be negative.")
+    if moe.shared_expert_gate and not moe.shared_expert_size:
+        raise UserError("model.moe.shared_expert_gate = true without a shared expert: set "
+                        "model.moe.shared_expert_size (its inner width, e.g. 5632 for Qwen1.5-MoE-A2.7B), or remove "
+                        "the gate.")
+    if moe.num_experts % ep:
+        divisors = [d for d in range(1, moe.num_experts + 1) if moe.num_experts % d == 0]
+        raise UserError(f"parallel_config.expert_parallel = {ep} does not divide model.moe.num_experts = "
+                        f"{moe.num_experts}: each expert-parallel rank holds num_experts / expert_parallel whole "
+                        f"experts. Use one of {divisors}.")
+
+
+def moe_layers(m):
+    """Indices of the layers whose MLP is a mixture of experts (none without model.moe)."""
+    if m.moe is None:
+        return []
+    return sorted(m.moe.layers) if m.moe.layers is not None else list(range(m.num_layers))
+
+
+def expert_ffn(m):
+    """Inner width of each routed expert."""
+    return m.moe.ffn_hidden_size or m.ffn_hidden_size
 
 
 def nearest_divisor(n, near):

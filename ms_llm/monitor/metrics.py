@@ -5,7 +5,8 @@ import math
 import os
 import time
 
-SUMMARY_SCALARS = ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "mfu", "mem_gib", "val_loss")
+SUMMARY_SCALARS = ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "mfu", "mem_gib", "val_loss", "aux_loss")
+ROUTER_PREFIX = "moe/"  # per-layer router health of an MoE run (ms_llm.train.router_stats): also scalars
 
 
 def format_duration(s):
@@ -26,7 +27,24 @@ def format_line(r, max_steps):
              f"data {100 * r['data_wait_frac']:.0f}%"]
     if r.get("ms_per_step"):
         parts += [f"{r['ms_per_step']:,.0f} ms/step", f"ETA {format_duration(r['eta_s'])}"]
+    if isinstance(r.get("aux_loss"), (int, float)):
+        parts.append(f"aux {r['aux_loss']:.4f}")
     return " | ".join(parts)
+
+
+def scalar_values(record):
+    """{tag: value} of a record for Insight / TensorBoard: the SUMMARY_SCALARS, and an MoE run's router fields
+    (moe/<layer>/<field>; each expert's share as moe/<layer>/share/<expert>)."""
+    out = {k: record[k] for k in SUMMARY_SCALARS
+           if isinstance(record.get(k), (int, float)) and math.isfinite(record[k])}
+    for key, value in record.items():
+        if not key.startswith(ROUTER_PREFIX):
+            continue
+        if isinstance(value, list):
+            out.update({f"{key}/{i}": v for i, v in enumerate(value) if isinstance(v, (int, float))})
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[key] = value
+    return out
 
 
 def _clean(v):
@@ -67,8 +85,7 @@ class MetricsWriter:
         self.jsonl.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
         self.jsonl.flush()
         if self.sinks and "step" in record:
-            scalars = {k: record[k] for k in SUMMARY_SCALARS
-                       if isinstance(record.get(k), (int, float)) and math.isfinite(record[k])}
+            scalars = scalar_values(record)
             if scalars:
                 for sink in self.sinks:
                     sink.scalars(record["step"], scalars)

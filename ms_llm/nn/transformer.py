@@ -9,6 +9,8 @@ from ms_llm.nn.init import normal
 class DecoderLayer(nn.Cell):
     """x + attn(norm(x)), then x + mlp(norm(x))."""
 
+    routed = False  # its MLP is not a mixture of experts (MoEDecoderLayer's is)
+
     def __init__(self, attn_norm, attention, mlp_norm, mlp):
         super().__init__()
         self.attn_norm, self.attention = attn_norm, attention
@@ -36,12 +38,39 @@ class FrontReusedDecoderLayer(DecoderLayer):
         super().__init__(attn_norm, attention, mlp_norm, mlp)
 
 
-def decoder_layer(attn_norm, attention, mlp_norm, mlp, backend=PORTABLE):
-    """The repeated decoder layer, with the cell reuse the backend supports."""
+class MoEDecoderLayer(DecoderLayer):
+    """A decoder layer whose MLP is a mixture of experts (ms_llm.nn.moe.MoE): it also returns the router's aux loss
+    and statistics, which CausalLM.forward_with_router collects from every such layer."""
+
+    routed = True
+
+    def construct(self, x):
+        x = x + self.attention(self.attn_norm(x))
+        y, aux, stats = self.mlp(self.mlp_norm(x))
+        return x + y, aux, stats
+
+
+class ReusedMoEDecoderLayer(MoEDecoderLayer):
+    @ms.lazy_inline
+    def __init__(self, attn_norm, attention, mlp_norm, mlp):
+        super().__init__(attn_norm, attention, mlp_norm, mlp)
+
+
+class FrontReusedMoEDecoderLayer(MoEDecoderLayer):
+    @ms.lazy_inline(policy="front")
+    def __init__(self, attn_norm, attention, mlp_norm, mlp):
+        super().__init__(attn_norm, attention, mlp_norm, mlp)
+
+
+def decoder_layer(attn_norm, attention, mlp_norm, mlp, backend=PORTABLE, moe=False):
+    """The repeated decoder layer, with the cell reuse the backend supports; `moe`: its MLP is a mixture of
+    experts."""
     if not backend.layer_reuse:
-        cls = DecoderLayer
+        cls = MoEDecoderLayer if moe else DecoderLayer
+    elif backend.ascend:
+        cls = ReusedMoEDecoderLayer if moe else ReusedDecoderLayer
     else:
-        cls = ReusedDecoderLayer if backend.ascend else FrontReusedDecoderLayer
+        cls = FrontReusedMoEDecoderLayer if moe else FrontReusedDecoderLayer
     return cls(attn_norm, attention, mlp_norm, mlp)
 
 
@@ -82,19 +111,39 @@ class CausalLM(nn.Cell):
         self.vocab_size, self.hidden = vocab_size, hidden
         self.head = LMHead(hidden, vocab_size, compute_dtype)
         self.embedding_gather = ops.Gather()
+        self.num_moe_layers = sum(1 for layer in layers if layer.routed)
+        self.router_experts = next((layer.mlp.num_experts for layer in layers if layer.routed), 0)
 
     def hidden_states(self, ids):
         """(embedding output, each layer's output, final norm output): the residual stream layer by layer."""
+        return self.run_layers(ids)[0]
+
+    def run_layers(self, ids):
+        """(hidden states as `hidden_states` returns them, router aux loss averaged over the MoE layers, the MoE
+        layers' router statistics as a tuple of rows)."""
         t = ids.shape[1]
         x = self.embedding_gather(self.embedding, ids, 0)
         if self.has_positions:
             x = x + self.positions[:t]
         x = self.embed_dropout(x.astype(self.dtype))
         states = (x,)
+        aux, stats = ops.zeros((), ms.float32), ()
         for layer in self.layers:
-            x = layer(x)
+            if layer.routed:
+                x, layer_aux, layer_stats = layer(x)
+                aux = aux + layer_aux
+                stats = stats + (layer_stats,)
+            else:
+                x = layer(x)
             states = states + (x,)
-        return states + (self.final_norm(x),)
+        return states + (self.final_norm(x),), aux / max(1, self.num_moe_layers), stats
+
+    def forward_with_router(self, ids):
+        """ids → (logits, router aux loss (float32 scalar: the coefficient-weighted load-balancing and z-losses,
+        averaged over the MoE layers), router statistics (MoE layers, E + 5) float32; ms_llm.nn.moe.STAT_NAMES).
+        What the training step calls for a model with MoE layers; `construct` returns the logits alone."""
+        states, aux, stats = self.run_layers(ids)
+        return self.logits(states[-1]), aux, ops.stack(stats)
 
     def logits(self, x):
         """(B, T, hidden) final-norm output → (B, T, vocab) float32 logits."""

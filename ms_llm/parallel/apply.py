@@ -18,6 +18,8 @@ def configure_auto_parallel(plan, strategy_dir, rank):
         # slice (ParallelPlan.data_rank)
         dataset_strategy=((plan.dp, 1),),
         pipeline_stages=plan.pp, enable_parallel_optimizer=plan.optimizer_shard,
+        # expert parallelism: tokens move between data-parallel and expert-parallel layouts by AllToAll
+        enable_alltoall=plan.ep > 1,
         strategy_ckpt_config={"save_file": os.path.join(strategy_dir, f"strategy_rank_{rank}.ckpt"),
                               "only_trainable_params": False})
 
@@ -76,4 +78,4 @@ def apply_recompute(model, plan):
             layer.recompute()
         elif mode == "select":
             layer.attention.core.recompute()
-            layer.mlp.act.recompute()
+            (layer.mlp.experts.act if layer.routed else layer.mlp.act).recompute()

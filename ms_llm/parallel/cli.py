@@ -114,10 +114,15 @@ def parse_links(text):
 # -- output --------------------------------------------------------------------------------------------
 
 def model_dict(shape, cfg):
-    return dict(arch=shape.arch, params=shape.total_params(), matmul_params=shape.matmul_params(),
-                num_layers=shape.num_layers, hidden_size=shape.hidden, num_heads=shape.heads,
-                num_kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn_hidden_size=shape.ffn, seq_length=shape.seq,
-                vocab_size=shape.vocab, tie_embeddings=shape.tied, compute_dtype=cfg.precision.compute_dtype)
+    d = dict(arch=shape.arch, params=shape.total_params(), matmul_params=shape.matmul_params(),
+             num_layers=shape.num_layers, hidden_size=shape.hidden, num_heads=shape.heads,
+             num_kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn_hidden_size=shape.ffn, seq_length=shape.seq,
+             vocab_size=shape.vocab, tie_embeddings=shape.tied, compute_dtype=cfg.precision.compute_dtype)
+    if shape.moe:
+        d.update(active_params=shape.active_params(), moe_layers=len(shape.moe_layer_ids), num_experts=shape.experts,
+                 top_k=shape.top_k, expert_ffn=shape.expert_ffn, expert_params=sum(
+                     shape.layer_expert_params(True) for _ in shape.moe_layer_ids))
+    return d
 
 
 def cluster_dict(c):
@@ -139,11 +144,19 @@ def head_size(shape):
     return f" of {shape.head_dim}" if shape.attention_width != shape.hidden else ""
 
 
+def moe_text(shape):
+    """', 12,879,925,248 active; 32 MoE layers of 8 experts (ffn 14336), top-2' for an MoE model, else ''."""
+    if not shape.moe:
+        return ""
+    return (f", {shape.active_params():,} active per token; {len(shape.moe_layer_ids)} MoE layers of "
+            f"{shape.experts} experts (ffn {shape.expert_ffn}), top-{shape.top_k}")
+
+
 def header(shape, cfg, c):
     return (f"model: {shape.arch}, {shape.total_params():,} parameters ({shape.num_layers} layers, hidden "
             f"{shape.hidden}, {shape.heads} heads / {shape.kv_heads} kv{head_size(shape)}, ffn {shape.ffn}, seq "
             f"{shape.seq}, vocab "
-            f"{shape.vocab}); compute dtype {cfg.precision.compute_dtype}\n"
+            f"{shape.vocab}{moe_text(shape)}); compute dtype {cfg.precision.compute_dtype}\n"
             f"cluster: {c.devices} devices ({c.nodes} node(s) × {c.devices_per_node}), {c.device_memory_gib:g} GiB "
             f"each, {c.device_tflops:g} TFLOP/s peak × {c.mfu:g} assumed utilisation, links {c.intra_gbps:g} GB/s "
             f"intra-node / {c.inter_gbps:g} GB/s inter-node")
@@ -188,12 +201,13 @@ def format_search(results, top, c):
     if not results:
         return ("no valid layout fits in "
                 f"{c.device_memory_gib:g} GiB per device: add devices, shorten the sequence or the micro batch.")
+    ep = any(r["layout"]["ep"] > 1 for r in results)  # an MoE model: the expert-parallel column
     lines = [f"{len(results)} valid layouts fit; the best {min(top, len(results))} by estimated tokens/s:",
-             f"  {'#':>2}  {'dp':>3} {'mp':>3} {'pp':>3}  {'recompute':<9} {'opt shard':<9}  {'tok/s/dev':>9}  "
-             f"{'peak GiB':>8}  reason"]
+             f"  {'#':>2}  {'dp':>3} {'mp':>3} {'pp':>3}" + (f" {'ep':>3}" if ep else "")
+             + f"  {'recompute':<9} {'opt shard':<9}  {'tok/s/dev':>9}  {'peak GiB':>8}  reason"]
     for i, r in enumerate(results[:top], 1):
         lay = r["layout"]
-        lines.append(f"  {i:>2}  {lay['dp']:>3} {lay['mp']:>3} {lay['pp']:>3}  {lay['recompute']:<9} "
-                     f"{'on' if lay['optimizer_shard'] else 'off':<9}  {r['tokens_per_s_device']:>9,.0f}  "
-                     f"{r['memory']['peak_gib']:>8.1f}  {r['reason']}")
+        lines.append(f"  {i:>2}  {lay['dp']:>3} {lay['mp']:>3} {lay['pp']:>3}" + (f" {lay['ep']:>3}" if ep else "")
+                     + f"  {lay['recompute']:<9} {'on' if lay['optimizer_shard'] else 'off':<9}  "
+                     f"{r['tokens_per_s_device']:>9,.0f}  {r['memory']['peak_gib']:>8.1f}  {r['reason']}")
     return "\n".join(lines)

@@ -33,10 +33,11 @@ class ParallelPlan:
     warnings: List[str] = field(default_factory=list)
     # entries for fused kernels a backend may not build (Ascend's LayerNorm/RmsNorm): they may match nothing
     optional: Tuple[str, ...] = ("layers.{i}.attn_norm.op", "layers.{i}.mlp_norm.op")
+    ep: int = 1  # expert parallelism: ranks (within data parallel) the routed experts are split over
 
     @property
     def semi_auto(self):
-        return self.mp * self.pp > 1 or self.optimizer_shard  # the rule of uses_semi_auto
+        return self.mp * self.pp * self.ep > 1 or self.optimizer_shard  # the rule of uses_semi_auto
 
     @property
     def bubble(self):
@@ -72,6 +73,7 @@ class ParallelPlan:
     def table(self):
         rows = [f"mesh: {self.devices} devices = data {self.dp} x model {self.mp} x pipeline {self.pp}"
                 f"{' (+ sequence parallel)' if self.seq_parallel else ''}"
+                f"{f', experts split over {self.ep} of the data-parallel ranks (all-to-all)' if self.ep > 1 else ''}"
                 f"{', optimizer sharded over data' if self.optimizer_shard else ''}",
                 f"micro-batches per step: {self.micro_batch_num} (accumulation {self.accumulation})"
                 + (f", pipeline bubble {100 * self.bubble:.1f}%" if self.pp > 1 else "")]
@@ -96,7 +98,7 @@ def uses_semi_auto(pc):
     """Whether the parallel_config section runs through MindSpore's semi-auto parallel mode: tensor/pipeline
     parallelism and optimizer sharding do; plain data parallelism runs with an explicit gradient all-reduce (which
     also works on CPU)."""
-    return pc.model_parallel * pc.pipeline_stage > 1 or pc.optimizer_shard
+    return pc.model_parallel * pc.pipeline_stage * pc.expert_parallel > 1 or pc.optimizer_shard
 
 
 def _lookup(table, path):
@@ -132,6 +134,24 @@ def decoder_strategies(arch, dp, mp, seq_parallel, vocab_emb_dp):
     if seq_parallel and mp > 1:  # row-parallel outputs are reduce-scattered along tokens instead of all-reduced
         out = {"layers.{i}.attention.out.matmul": ((dp * mp, 1),), "layers.{i}.mlp.down.matmul": ((dp * mp, 1),)}
     return s, out
+
+
+def moe_strategies(dp, mp, ep, shared, dense_layers):
+    """{op path: strategy} of the mixture-of-experts layers (ms_llm.nn.moe), and the dense MLP entries to drop
+    when every layer is an MoE layer. The routed experts' batched matmuls split the expert axis over ep ranks and
+    each expert's inner width over mp (column- then row-parallel, as the dense MLP); the router and the shared
+    expert's gate stay data-parallel. Between the token-split router side and the expert-split matmuls MindSpore
+    redistributes with AllToAll (dispatch before the experts, combine after; `enable_alltoall`, apply.py)."""
+    s = {
+        "layers.{i}.mlp.router.matmul": ((dp, 1), (1, 1)),
+        "layers.{i}.mlp.experts.up_matmul": ((ep, 1, 1), (ep, mp, 1)),
+        "layers.{i}.mlp.experts.down_matmul": ((ep, 1, mp), (ep, 1, mp)),
+    }
+    if shared:
+        s.update({"layers.{i}.mlp.shared.gate_up.matmul": ((dp, 1), (mp, 1)),
+                  "layers.{i}.mlp.shared.down.matmul": ((dp, mp), (1, mp))})
+    drop = () if dense_layers else ("layers.{i}.mlp.gate_up.matmul", "layers.{i}.mlp.down.matmul")
+    return s, drop
 
 
 def recompute_layers(rc, stage_of_layer, pp):
@@ -199,6 +219,16 @@ def invalid_reasons(shape, layout, devices, check_batch=True):
                            or min(d.stage_layers) < 1):
         reasons.append(f"parallel_config.stage_layers = {list(d.stage_layers)} must list {d.pp} positive layer "
                        f"counts summing to model.num_layers = {shape.num_layers}")
+    if d.ep > 1 and not shape.moe:
+        reasons.append(f"expert_parallel = {d.ep} without model.moe: there are no experts to split; set "
+                       f"expert_parallel to 1")
+    elif d.ep > 1 and shape.experts % d.ep:
+        reasons.append(f"model.moe.num_experts = {shape.experts} is not divisible by expert_parallel = {d.ep}: each "
+                       f"expert-parallel rank holds whole experts; use an expert_parallel that divides {shape.experts}")
+    if d.ep > 1 and d.dp % d.ep:
+        reasons.append(f"data_parallel = {d.dp} is not divisible by expert_parallel = {d.ep}: the experts are split "
+                       f"over ep of the data-parallel ranks, whose tokens they exchange by all-to-all (MindFormers' "
+                       f"rule too); use an expert_parallel that divides {d.dp}")
     if d.full_recompute_layers and len(d.full_recompute_layers) != d.pp:
         reasons.append(f"recompute_config.recompute = {list(d.full_recompute_layers)} lists layers for "
                        f"{len(d.full_recompute_layers)} stages, but pipeline_stage = {d.pp}: give one count "
@@ -236,7 +266,7 @@ def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_N
                     micro_batch_num=pc.micro_batch_num, global_batch=cfg.train.global_batch_size,
                     seq_parallel=pc.use_seq_parallel, optimizer_shard=pc.optimizer_shard, recompute=mode,
                     full_recompute_layers=full_layers, stage_layers=tuple(pc.stage_layers or ()),
-                    vocab_emb_dp=pc.vocab_emb_dp,
+                    vocab_emb_dp=pc.vocab_emb_dp, ep=pc.expert_parallel,
                     compute_dtype=cfg.precision.compute_dtype,
                     flash_attention=flash_attention_default(cfg) if flash_attention is None else flash_attention)
     return layout, devices  # when devices is no multiple of mp·pp, invalid_reasons names the mismatch
@@ -261,9 +291,14 @@ def build_plan(cfg, devices, check_batch=True):
                         f"{100 * (pp - 1) / (accum + pp - 1):.0f}% of step time")
     override = pc.stage_layers
     strategies, outs = decoder_strategies(m.arch, dp, mp, pc.use_seq_parallel, pc.vocab_emb_dp)
+    if shape.moe:
+        routed, drop = moe_strategies(dp, mp, layout.ep, shape.shared_ffn > 0,
+                                      len(shape.moe_layer_ids) < shape.num_layers)
+        strategies = {**{k: v for k, v in strategies.items() if k not in drop}, **routed}
     stages = balanced_stages(m.num_layers, pp, override)
     return ParallelPlan(devices, dp, mp, pp, accum, accum, pc.use_seq_parallel, pc.optimizer_shard,
-                        pc.vocab_emb_dp, strategies, outs, stages, recompute_layers(rc, stages, pp), warnings)
+                        pc.vocab_emb_dp, strategies, outs, stages, recompute_layers(rc, stages, pp), warnings,
+                        ep=layout.ep)
 
 
 def with_data_parallel(cfg, world_size, device_target):
@@ -271,6 +306,12 @@ def with_data_parallel(cfg, world_size, device_target):
     is left as it was loaded). Refuses layouts the device cannot run."""
     pc = cfg.parallel_config
     model_pipe = pc.model_parallel * pc.pipeline_stage
+    if pc.expert_parallel > 1 and device_target == "CPU":
+        raise UserError(f"parallel_config.expert_parallel = {pc.expert_parallel}: expert parallelism sends every "
+                        f"token to the rank holding its experts and back with AllToAll, which MindSpore does not run "
+                        f"on CPU (nor does it run the semi-auto parallel mode that inserts it). On CPU every rank "
+                        f"holds all experts: set expert_parallel to 1 here (data parallelism still runs), or launch "
+                        f"on Ascend; `ms-llm plan` estimates the expert-parallel layout without a device.")
     if (model_pipe > 1 or pc.optimizer_shard) and device_target == "CPU":
         raise UserError(f"parallel_config.model_parallel = {pc.model_parallel}, pipeline_stage = {pc.pipeline_stage}, "
                         f"optimizer_shard = {str(pc.optimizer_shard).lower()}: tensor and pipeline parallelism and "

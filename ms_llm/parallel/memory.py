@@ -9,6 +9,7 @@ Units: bytes everywhere in code; GiB (2**30) when printed, because device memory
 from dataclasses import dataclass
 
 from ms_llm.parallel.shapes import balanced_stages
+from ms_llm.parallel.shapes import stage_layer_ids as shapes_stage_layer_ids
 
 GIB = 2 ** 30
 FP32_BYTES = 4
@@ -43,7 +44,7 @@ def korthikanti_layer_bytes(s, b, h, a, t=1, seq_parallel=False, recompute="none
     return s * b * h * (10 + 24 / t + scores / t)
 
 
-def layer_activation_units(shape, t, seq_parallel, recompute, flash=False):
+def layer_activation_units(shape, t, seq_parallel, recompute, flash=False, moe=False):
     """Per-layer activation bytes in units of s·b·h (16-bit), generalised from the paper's 34 + 5·a·s/h to
     grouped-query attention and SwiGLU, and returned with the formula used.
 
@@ -55,6 +56,11 @@ def layer_activation_units(shape, t, seq_parallel, recompute, flash=False):
     For a GPT-2 layer (kv = a, f = 4h) this is exactly 10 + 24 + 5·a·s/h = 34 + 5·a·s/h.
     Flash attention stores no scores either (it keeps only per-row softmax statistics, O(s), ignored): the
     same memory as selective recompute.
+
+    A mixture-of-experts layer (`moe`) keeps, in place of the MLP's 8·f/h, per (token, expert) assignment the
+    expert's SwiGLU activations 8·f_e/h plus its permuted input and output rows (2 + 2): k·c·(8·f_e/h + 4), c the
+    capacity factor (1 dropless: the exact row count a grouped matmul computes); a shared expert adds its 8·f_s/h,
+    and the float32 router logits, probabilities and gates 6·E/h (not split by t).
     """
     h, a, s = shape.hidden, shape.heads, shape.seq
     if recompute == "full":
@@ -62,15 +68,22 @@ def layer_activation_units(shape, t, seq_parallel, recompute, flash=False):
     kv = shape.kv_heads / a
     wide = shape.attention_width / h  # q, k, v and the attention output are a·d wide: 1 unless head_dim is set apart
     mlp = (8 if shape.swiglu else 4) * shape.ffn / h
+    mlp_txt = f"{8 if shape.swiglu else 4}·f/h"
+    router = 0.0
+    if moe:
+        c = shape.capacity_factor or 1.0
+        mlp = shape.top_k * c * (8 * shape.expert_ffn / h + 4) + 8 * shape.shared_ffn / h
+        mlp_txt = f"k·c·(8·f_e/h + 4)" + (" + 8·f_s/h" if shape.shared_ffn else "")
+        router = 6 * shape.experts / h
     split = (4 + 4 * kv) * wide + mlp
     no_scores = recompute == "selective" or flash
     scores = 0.0 if no_scores else 5 * a * s / h
-    mlp_txt = f"{8 if shape.swiglu else 4}·f/h"
     attn_txt = "4 + 4·kv/a" if wide == 1 else "(4 + 4·kv/a)·a·d/h"
     scores_txt = "" if no_scores else " + 5·a·s/h"
+    router_txt = " + 6·E/h" if moe else ""
     if seq_parallel:
-        return (10 + split + scores) / t, f"(10 + {attn_txt} + {mlp_txt}{scores_txt})/t"
-    return 10 + (split + scores) / t, f"10 + ({attn_txt} + {mlp_txt}{scores_txt})/t"
+        return (10 + split + scores) / t + router, f"(10 + {attn_txt} + {mlp_txt}{scores_txt})/t{router_txt}"
+    return 10 + (split + scores) / t + router, f"10 + ({attn_txt} + {mlp_txt}{scores_txt})/t{router_txt}"
 
 
 def layers_per_stage(shape, layout):
@@ -103,15 +116,14 @@ def fully_recomputed(stage, layers, layout):
 def stage_memory(shape, layout, stage):
     """The memory terms (list of `Term`) of one device in pipeline stage `stage`."""
     t, dp = layout.mp, layout.dp
-    c = layout.compute_bytes
     layers = layers_per_stage(shape, layout)[stage]
     first, last = stage == 0, stage == layout.pp - 1
 
     # Parameters on this device, grouped by how many devices hold an identical copy: a tensor-split matrix
     # is repeated over dp devices, a TP-replicated one over dp·t. MindSpore's optimizer sharding slices each
     # parameter over exactly those copies ("saves the parameters as minimal slices").
-    split = layers * shape.layer_split_params()
-    replicated = layers * shape.layer_replicated_params() + (shape.final_norm_params() if last else 0)
+    split, expert, replicated = shape.params_of_layers(stage_layer_ids(shape, layout)[stage])
+    replicated += shape.final_norm_params() if last else 0
     vocab = (shape.embedding_params() if first else 0) + (shape.head_params() if last else 0)
     if last and shape.tied and not first:
         vocab += shape.vocab * shape.hidden  # the last stage needs its own copy of a tied embedding
@@ -122,29 +134,46 @@ def stage_memory(shape, layout, stage):
     split_dev = split / t
     params = split_dev + replicated
     shard_split, shard_rep = (dp, dp * t) if layout.optimizer_shard else (1, 1)
-    sharded_params = split_dev / shard_split + replicated / shard_rep
+    terms = weight_terms(layout, params, split_dev / shard_split + replicated / shard_rep, "",
+                         f"÷ {dp} (÷ {dp * t} for TP-replicated ones)" if t > 1 else f"÷ {dp}")
+    if shape.moe:
+        # Routed experts: each expert-parallel rank holds E/ep whole experts (each split t ways inside), and an
+        # expert's copies are the dp/ep ranks of its expert-data-parallel group: that is what sharding divides by.
+        ep = layout.ep
+        expert_dev = expert / (t * ep)
+        kept = f"{shape.experts // ep} of {shape.experts} experts per MoE layer"
+        terms += weight_terms(layout, expert_dev, expert_dev / (dp // ep if layout.optimizer_shard else 1),
+                              "experts' ", f"÷ {dp // ep} (dp/ep)", f" ({kept})")
+    return terms + activation_terms(shape, layout, stage, layers)
 
+
+def weight_terms(layout, params, sharded_params, prefix, shard_txt, note=""):
+    """Weights, gradients and AdamW states of `params` parameters on a device (`sharded_params` under optimizer
+    sharding); `prefix` names a group kept apart ("experts' "; "" for the rest), `note` follows the count."""
+    c = layout.compute_bytes
+    p_txt = f"{params:,.0f} params{note}"
     terms = []
-    p_txt = f"{params:,.0f} params"
     if layout.optimizer_shard:
-        terms.append(Term("weights, fp32 master (sharded)", FP32_BYTES * sharded_params,
-                          f"4 B × {p_txt} ÷ {dp} (÷ {dp * t} for TP-replicated ones)" if t > 1 else
-                          f"4 B × {p_txt} ÷ {dp}"))
-        terms.append(Term(f"weights, {layout.compute_dtype} copy (all-gathered)", c * params,
+        terms.append(Term(f"{prefix}weights, fp32 master (sharded)", FP32_BYTES * sharded_params,
+                          f"4 B × {p_txt} {shard_txt}"))
+        terms.append(Term(f"{prefix}weights, {layout.compute_dtype} copy (all-gathered)", c * params,
                           f"{c} B × {p_txt}: gathered for forward and backward"))
-        terms.append(Term("gradients, fp32 (reduce-scattered)", FP32_BYTES * sharded_params,
-                          f"4 B × {p_txt} ÷ {dp}"))
-        terms.append(Term("optimizer states, AdamW (sharded)", ADAMW_STATE_BYTES * sharded_params,
-                          f"8 B × {p_txt} ÷ {dp}"))
+        terms.append(Term(f"{prefix}gradients, fp32 (reduce-scattered)", FP32_BYTES * sharded_params,
+                          f"4 B × {p_txt} {shard_txt.split(' (')[0]}"))
+        terms.append(Term(f"{prefix}optimizer states, AdamW (sharded)", ADAMW_STATE_BYTES * sharded_params,
+                          f"8 B × {p_txt} {shard_txt.split(' (')[0]}"))
     else:
-        terms.append(Term("weights, fp32 master", FP32_BYTES * params, f"4 B × {p_txt}"))
+        terms.append(Term(f"{prefix}weights, fp32 master", FP32_BYTES * params, f"4 B × {p_txt}"))
         if c < FP32_BYTES:
-            terms.append(Term(f"weights, {layout.compute_dtype} copy", c * params, f"{c} B × {p_txt}"))
-        terms.append(Term("gradients, fp32", FP32_BYTES * params, f"4 B × {p_txt}"))
-        terms.append(Term("optimizer states, AdamW", ADAMW_STATE_BYTES * params, f"8 B × {p_txt}"))
-
-    terms += activation_terms(shape, layout, stage, layers)
+            terms.append(Term(f"{prefix}weights, {layout.compute_dtype} copy", c * params, f"{c} B × {p_txt}"))
+        terms.append(Term(f"{prefix}gradients, fp32", FP32_BYTES * params, f"4 B × {p_txt}"))
+        terms.append(Term(f"{prefix}optimizer states, AdamW", ADAMW_STATE_BYTES * params, f"8 B × {p_txt}"))
     return terms
+
+
+def stage_layer_ids(shape, layout):
+    """[[layer indices of stage 0], ...]: parallel_config.stage_layers when given, else the balanced split."""
+    return shapes_stage_layer_ids(shape.num_layers, layout.pp, layout.stage_layers or None)
 
 
 def activation_terms(shape, layout, stage, layers):
@@ -162,19 +191,25 @@ def activation_terms(shape, layout, stage, layers):
         terms.append(Term(f"activations, full recompute ({n_full} layers, {flight} in flight)",
                           n_full * flight * units * sbh * scale,
                           f"{n_full} layers × {flight} micro-batches × s·b·h × [{txt}] B{fp32}, s·b·h = {sbh:,}"))
-        work, _ = layer_activation_units(shape, t, sp, "none", layout.flash_attention)
+        work, _ = layer_activation_units(shape, t, sp, "none", layout.flash_attention, shape.moe)
         terms.append(Term("recompute working set (one layer rebuilt)", work * sbh * scale,
                           f"one layer without recompute: s·b·h × {work:.2f} B{fp32}"))
     if layers - n_full:
-        units, txt = layer_activation_units(shape, t, sp, rest_mode, layout.flash_attention)
         label = {"none": "no recompute", "selective": "selective recompute"}[rest_mode]
         if layout.flash_attention:
             label += ", flash attn"
-        n = layers - n_full
-        terms.append(Term(f"activations, {label} ({n} layers, {flight} in flight)",
-                          n * flight * units * sbh * scale,
-                          f"{n} layers × {flight} micro-batches × s·b·h × [{txt} = {units:.2f}] B{fp32}, "
-                          f"s·b·h = {sbh:,}"))
+        # the layers recomputed in full are the stage's first ones (MindSpore's per-stage count)
+        moe_ids = set(shape.moe_layer_ids)
+        rest = stage_layer_ids(shape, layout)[stage][n_full:]
+        for moe, n in ((False, sum(i not in moe_ids for i in rest)), (True, sum(i in moe_ids for i in rest))):
+            if not n:
+                continue
+            units, txt = layer_activation_units(shape, t, sp, rest_mode, layout.flash_attention, moe)
+            kind = "MoE " if moe else ("dense " if moe_ids else "")
+            terms.append(Term(f"activations, {label} ({n} {kind}layers, {flight} in flight)",
+                              n * flight * units * sbh * scale,
+                              f"{n} layers × {flight} micro-batches × s·b·h × [{txt} = {units:.2f}] B{fp32}, "
+                              f"s·b·h = {sbh:,}"))
     if stage == layout.pp - 1:
         tv = 1 if layout.vocab_emb_dp else t
         logit_bytes = layout.compute_bytes + FP32_BYTES  # logits in compute dtype + fp32 softmax for the loss

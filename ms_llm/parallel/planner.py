@@ -51,7 +51,9 @@ def placement_links(layout, cluster):
     tp = "intra" if layout.mp <= per_node else "inter"
     dp = "intra" if layout.dp * layout.mp <= per_node else "inter"
     pp = "intra" if layout.devices <= per_node else "inter"
-    return {"data_parallel": dp, "tensor_parallel": tp, "pipeline": pp}
+    # an expert-parallel group is ep data-parallel neighbours, mp apart: ep·mp consecutive devices
+    ep = "intra" if layout.ep * layout.mp <= per_node else "inter"
+    return {"data_parallel": dp, "tensor_parallel": tp, "pipeline": pp, "expert_parallel": ep}
 
 
 def ring(n):
@@ -68,22 +70,45 @@ def communication(shape, layout, cluster):
     micro = layout.micro_batches_per_step
     kinds = {}
 
-    # Data parallel: gradients of the parameters one device holds (the largest stage).
-    stage_params = max(device_params(shape, layout, i) for i in range(layout.pp))
+    # Data parallel: gradients of the parameters one device holds (the largest stage). A routed expert's copies
+    # are the dp/ep ranks of its expert-data-parallel group, so its gradients are reduced over those only.
+    dense_params, expert_params = max((device_params(shape, layout, i, split=True) for i in range(layout.pp)),
+                                      key=sum)
     dp = layout.dp
-    if dp > 1:
+    for group, n, params in (("data_parallel", dp, dense_params), ("expert_data_parallel", dp // layout.ep,
+                                                                   expert_params)):
+        if n <= 1 or not params:
+            continue
         if layout.optimizer_shard:
             # The weight all-gather happens after the cast to the compute dtype and its backward is the
             # gradient reduce-scatter, so both move 16-bit data (MindSpore's parallel optimizer).
-            vol = 2 * (dp - 1) / dp * c * stage_params
-            formula = (f"reduce-scatter + all-gather: 2 × (dp−1)/dp × {c} B × {stage_params:,.0f} params "
-                       f"(dp = {dp})")
+            vol = 2 * (n - 1) / n * c * params
+            formula = (f"reduce-scatter + all-gather: 2 × (n−1)/n × {c} B × {params:,.0f} params "
+                       f"(n = {'dp' if group == 'data_parallel' else 'dp/ep'} = {n})")
             op = "reduce-scatter + all-gather"
         else:
-            vol = ring(dp) * FP32_BYTES * stage_params
-            formula = f"all-reduce: 2(dp−1)/dp × 4 B × {stage_params:,.0f} params (fp32 gradients, dp = {dp})"
+            vol = ring(n) * FP32_BYTES * params
+            formula = (f"all-reduce: 2(n−1)/n × 4 B × {params:,.0f} params (fp32 gradients, "
+                       f"n = {'dp' if group == 'data_parallel' else 'dp/ep'} = {n})")
             op = "all-reduce"
-        kinds["data_parallel"] = dict(op=op, bytes=vol, link=links["data_parallel"], formula=formula)
+        if group == "data_parallel" and not shape.moe:  # the dense model's formula as it always read
+            formula = formula.replace("(n−1)/n", "(dp−1)/dp").replace(f"n = dp = {n}", f"dp = {n}")
+        kinds[group] = dict(op=op, bytes=vol, link=links["data_parallel"], formula=formula)
+
+    # Expert parallel: every MoE layer sends each token's k copies to the ranks holding its experts (dispatch) and
+    # back (combine), forward and backward: 4 all-to-alls of s·b·k·c·h per MoE layer and micro-batch, of which
+    # (ep−1)/ep leaves the device (c: capacity factor, 1 dropless; ÷ t: tensor-parallel peers split the tokens).
+    if layout.ep > 1 and shape.moe:
+        ep, t = layout.ep, layout.mp
+        moe_per_stage = max(len([i for i in ids if i in set(shape.moe_layer_ids)])
+                            for ids in stage_ids(shape, layout))
+        per_layer = 4 + (2 if layout.recompute == "full" or layout.full_recompute_layers else 0)
+        cap = shape.capacity_factor or 1.0
+        vol = per_layer * (ep - 1) / ep * sbh * shape.top_k * cap * c / t * moe_per_stage * micro
+        kinds["expert_parallel"] = dict(
+            op="all-to-all (dispatch + combine)", bytes=vol, link=links["expert_parallel"],
+            formula=f"{per_layer} × (ep−1)/ep × s·b·h × k {shape.top_k} × c {cap:g} × {c} B{' ÷ t' if t > 1 else ''}"
+                    f" × {moe_per_stage} MoE layers × {micro} micro-batches (ep = {ep})")
 
     # Tensor parallel: 2 all-reduces of s·b·h in forward, 2 in backward, per layer and micro-batch; full
     # recompute re-runs the forward and its 2 all-reduces. Sequence parallelism turns each all-reduce into
@@ -112,17 +137,26 @@ def communication(shape, layout, cluster):
     return kinds
 
 
-def device_params(shape, layout, stage):
-    """Parameters one device of `stage` computes with (its TP shard, whole embedding if vocab_emb_dp)."""
-    layers = layers_per_stage(shape, layout)[stage]
+def stage_ids(shape, layout):
+    from ms_llm.parallel.memory import stage_layer_ids
+
+    return stage_layer_ids(shape, layout)
+
+
+def device_params(shape, layout, stage, split=False):
+    """Parameters one device of `stage` holds (its TP shard, whole embedding if vocab_emb_dp, E/ep of the routed
+    experts); `split=True`: (the rest, the routed experts' share) apart."""
     t = layout.mp
-    n = layers * (shape.layer_split_params() / t + shape.layer_replicated_params())
+    split_n, expert, replicated = shape.params_of_layers(stage_ids(shape, layout)[stage])
+    n = split_n / t + replicated
     last = stage == layout.pp - 1
     vocab = (shape.embedding_params() if stage == 0 else 0) + (shape.head_params() if last else 0)
     if last and shape.tied and stage != 0:
         vocab += shape.vocab * shape.hidden
     n += vocab if layout.vocab_emb_dp else vocab / t
-    return n + (shape.final_norm_params() if last else 0)
+    n += shape.final_norm_params() if last else 0
+    experts = expert / (t * layout.ep)
+    return (n, experts) if split else n + experts
 
 
 # -- time -----------------------------------------------------------------------------------------------
@@ -222,7 +256,7 @@ def flags(r, layout, cluster):
 
 
 def layout_dict(layout):
-    d = {k: getattr(layout, k) for k in ("dp", "mp", "pp", "micro_batch_size", "micro_batch_num", "global_batch",
+    d = {k: getattr(layout, k) for k in ("dp", "mp", "pp", "ep", "micro_batch_size", "micro_batch_num", "global_batch",
                                           "seq_parallel", "optimizer_shard", "recompute", "vocab_emb_dp",
                                           "compute_dtype", "flash_attention")}
     d["full_recompute_layers"] = list(layout.full_recompute_layers)
@@ -254,8 +288,9 @@ def powers_of_two_dividing(n, limit):
 
 
 def candidate_layouts(shape, base, cluster):
-    """Every (dp, mp, pp, recompute, optimizer_shard) for the cluster: mp and pp powers of two dividing the
-    device count, mp within a node; each pipeline runs all of a replica's micro-batches in one round
+    """Every (dp, mp, pp, ep, recompute, optimizer_shard) for the cluster: mp and pp powers of two dividing the
+    device count, mp within a node, ep (MoE) a power of two dividing dp and the experts; each pipeline runs all
+    of a replica's micro-batches in one round
     (micro_batch_num = global / (dp · micro)), the smallest bubble the batch allows."""
     n = cluster.devices
     for mp in powers_of_two_dividing(n, cluster.devices_per_node):
@@ -264,12 +299,15 @@ def candidate_layouts(shape, base, cluster):
             per_replica = base.global_batch // (dp * base.micro_batch_size) if dp * base.micro_batch_size else 0
             # with flash attention, selective recompute saves nothing more (no scores are stored anyway)
             modes = ("none", "full") if base.flash_attention else ("none", "selective", "full")
-            for recompute in modes:
-                for shard in ((False, True) if dp > 1 else (False,)):
-                    yield replace(base, dp=dp, mp=mp, pp=pp, micro_batch_num=max(1, per_replica) if pp > 1 else 1,
-                                  recompute=recompute, optimizer_shard=shard, full_recompute_layers=(),
-                                  stage_layers=(),
-                                  seq_parallel=base.seq_parallel and mp > 1)
+            # expert parallelism: every power of two dividing both dp and the experts (1 for a dense model)
+            eps = [e for e in powers_of_two_dividing(dp, dp) if shape.moe and shape.experts % e == 0] or [1]
+            for ep in eps:
+                for recompute in modes:
+                    for shard in ((False, True) if dp > 1 else (False,)):
+                        yield replace(base, dp=dp, mp=mp, pp=pp, ep=ep,
+                                      micro_batch_num=max(1, per_replica) if pp > 1 else 1,
+                                      recompute=recompute, optimizer_shard=shard, full_recompute_layers=(),
+                                      stage_layers=(), seq_parallel=base.seq_parallel and mp > 1)
 
 
 def search(shape, base, cluster):

@@ -23,17 +23,37 @@ class ModelShape:
     head_size: int = 0  # 0: hidden / heads (model.head_dim null)
     qkv_bias: bool = False  # biases on q, k, v only (Qwen2.5)
     qk_norm: bool = False  # RMSNorm over each head's q and k (Qwen3)
+    # mixture of experts (model.moe): the layers whose MLP is E routed SwiGLU experts of width expert_ffn, top_k of
+    # them per token, plus an optional shared expert (and its sigmoid gate); () for a dense model
+    moe_layer_ids: tuple = ()
+    experts: int = 0
+    top_k: int = 0
+    expert_ffn: int = 0
+    shared_ffn: int = 0
+    shared_gate: bool = False
+    capacity_factor: float = 0.0  # 0: dropless
 
     @classmethod
     def from_config(cls, m):
         """From a validated `ModelConfig` (num_kv_heads and ffn_hidden_size already filled in)."""
+        from ms_llm.config.validate import expert_ffn, moe_layers
+
         if m.vocab_size is None:  # 0: not known yet, and its checks skipped
             raise UserError("model.vocab_size is null: planning needs the vocabulary size, which training otherwise "
                             "takes from the dataset manifest. Pass it, e.g. --set model.vocab_size=32000, or use a "
                             "preset (--set model.preset=llama2-7b).")
+        moe = {}
+        if m.moe is not None:
+            moe = dict(moe_layer_ids=tuple(moe_layers(m)), experts=m.moe.num_experts, top_k=m.moe.top_k,
+                       expert_ffn=expert_ffn(m), shared_ffn=m.moe.shared_expert_size,
+                       shared_gate=m.moe.shared_expert_gate, capacity_factor=m.moe.capacity_factor or 0.0)
         return cls(m.arch, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads or m.num_heads,
                    m.ffn_hidden_size, m.seq_length, m.vocab_size, m.tie_embeddings, m.bias and m.arch == "gpt2",
-                   m.head_dim or 0, m.qkv_bias, m.qk_norm)
+                   m.head_dim or 0, m.qkv_bias, m.qk_norm, **moe)
+
+    @property
+    def moe(self):
+        return bool(self.moe_layer_ids)
 
     @property
     def head_dim(self):
@@ -48,25 +68,46 @@ class ModelShape:
     def swiglu(self):
         return self.arch == "llama"
 
-    # -- parameters, split by how tensor parallelism treats them ------------------------------------
-    def layer_split_params(self):
-        """Per layer, the parameters tensor parallelism splits t ways: the attention and MLP matrices and the
-        biases of the column-parallel ones (QKV, MLP up)."""
+    # -- parameters, split by how tensor and expert parallelism treat them ---------------------------
+    # Each per-layer count takes `moe`: whether that layer's MLP is the mixture of experts (its dense MLP is then
+    # replaced by the routed experts, counted apart by layer_expert_params, and the shared expert if any).
+    def layer_split_params(self, moe=False):
+        """Per layer, the parameters tensor parallelism splits t ways: the attention and MLP matrices (an MoE
+        layer's shared expert in place of its MLP) and the biases of the column-parallel ones (QKV, MLP up)."""
         h, d = self.hidden, self.head_dim
         qkv = h * (self.heads + 2 * self.kv_heads) * d
         out = self.heads * d * h
-        mlp = (3 if self.swiglu else 2) * h * self.ffn
+        mlp = 3 * h * self.shared_ffn if moe else (3 if self.swiglu else 2) * h * self.ffn
         bias = (self.heads + 2 * self.kv_heads) * d + self.ffn if self.bias else 0
         if self.qkv_bias:
             bias += (self.heads + 2 * self.kv_heads) * d
         return qkv + out + mlp + bias
 
-    def layer_replicated_params(self):
+    def layer_expert_params(self, moe=False):
+        """Per layer, the routed experts' weights (E SwiGLU MLPs): split over expert-parallel ranks (whole experts)
+        and, inside an expert, t ways by tensor parallelism."""
+        return self.experts * 3 * self.hidden * self.expert_ffn if moe else 0
+
+    def layer_replicated_params(self, moe=False):
         """Per layer, the parameters every tensor-parallel rank keeps whole: the two norms (and the per-head q/k
-        norms) and the biases of the row-parallel matrices (attention out, MLP down)."""
+        norms), the biases of the row-parallel matrices (attention out, MLP down), and an MoE layer's router (and
+        shared-expert gate)."""
         h = self.hidden
         norms = 2 * (2 * h if self.bias else h) + (2 * self.head_dim if self.qk_norm else 0)
-        return norms + (2 * h if self.bias else 0)
+        router = self.experts * h + (h if self.shared_gate else 0) if moe else 0
+        return norms + (2 * h if self.bias else 0) + router
+
+    def params_of_layers(self, layer_ids):
+        """(tensor-split, expert, replicated) parameters of the layers `layer_ids`."""
+        moe = set(self.moe_layer_ids)
+        split = sum(self.layer_split_params(i in moe) for i in layer_ids)
+        expert = sum(self.layer_expert_params(i in moe) for i in layer_ids)
+        replicated = sum(self.layer_replicated_params(i in moe) for i in layer_ids)
+        return split, expert, replicated
+
+    def inactive_expert_params(self):
+        """Routed-expert weights a token does not use: (E − k) experts in every MoE layer."""
+        return len(self.moe_layer_ids) * (self.experts - self.top_k) * 3 * self.hidden * self.expert_ffn
 
     def final_norm_params(self):
         return 2 * self.hidden if self.bias else self.hidden
@@ -81,15 +122,19 @@ class ModelShape:
         return 0 if self.tied else self.vocab * self.hidden
 
     def total_params(self):
-        per_layer = self.layer_split_params() + self.layer_replicated_params()
-        return (self.num_layers * per_layer + self.final_norm_params() + self.embedding_params()
-                + self.head_params())
+        return (sum(self.params_of_layers(range(self.num_layers))) + self.final_norm_params()
+                + self.embedding_params() + self.head_params())
+
+    def active_params(self):
+        """Parameters one token computes with: all of them, less the experts the router did not pick."""
+        return self.total_params() - self.inactive_expert_params()
 
     def matmul_params(self):
-        """Parameters that take part in a matmul: 6 FLOPs each per token. Lookup tables (GPT-2's position
-        table, an untied input embedding) multiply nothing, the rule monitor/throughput.py already applies."""
+        """Parameters that take part in a matmul for one token: 6 FLOPs each per token. Lookup tables (GPT-2's
+        position table, an untied input embedding) multiply nothing, the rule monitor/throughput.py already applies;
+        of an MoE layer's experts only the top_k chosen ones compute."""
         lookups = self.embedding_params() - (self.vocab * self.hidden if self.tied else 0)
-        return self.total_params() - lookups
+        return self.active_params() - lookups
 
 
 @dataclass(frozen=True)
@@ -108,6 +153,7 @@ class Layout:
     vocab_emb_dp: bool = True
     compute_dtype: str = "bfloat16"
     flash_attention: bool = False  # fused attention keeps no s×s scores (Ascend FlashAttentionScore)
+    ep: int = 1  # expert parallelism: experts split over ep of the dp ranks (tokens reach them by all-to-all)
 
     @property
     def devices(self):
@@ -125,12 +171,19 @@ class Layout:
     def describe(self):
         rc = self.recompute if not self.full_recompute_layers else f"full for {list(self.full_recompute_layers)} " \
                                                                     f"layers per stage, else {self.recompute}"
-        return (f"dp {self.dp} × mp {self.mp} × pp {self.pp}, optimizer_shard {on(self.optimizer_shard)}, "
+        return (f"dp {self.dp} × mp {self.mp} × pp {self.pp}" + (f" (ep {self.ep} within dp)" if self.ep > 1 else "")
+                + f", optimizer_shard {on(self.optimizer_shard)}, "
                 f"recompute {rc}, seq parallel {on(self.seq_parallel)}, flash attention {on(self.flash_attention)}")
 
 
 def on(flag):
     return "on" if flag else "off"
+
+
+def stage_layer_ids(num_layers, pp, override=None):
+    """[[layer indices of stage 0], [of stage 1], ...] under `balanced_stages`."""
+    stages = balanced_stages(num_layers, pp, override)
+    return [[i for i, s in enumerate(stages) if s == stage] for stage in range(pp)]
 
 
 def balanced_stages(num_layers, pp, override=None):

@@ -97,6 +97,7 @@ class Builder:
             self.difference_panel()
         self.telemetry_panels()
         self.heatmaps()
+        self.router_panels()
         return self.panels
 
     def loss_panel(self):
@@ -246,6 +247,79 @@ class Builder:
                 shown += 1
         if not shown:
             self.notes.append("per-layer heat map: no stats.jsonl (monitor.tensor_stats was off)")
+
+
+    # -- mixture of experts: router health (ms_llm.train.router_stats) -------------------------------------
+
+    def router_panels(self):
+        """An MoE run's expert load per layer as heat maps (experts × steps, share of tokens in %), its aux loss
+        (what the router losses added to the loss) and each layer's load-balancing loss, and dropped tokens."""
+        routed = [(i, rd, router_layers(rd)) for i, rd in enumerate(self.runs)]
+        routed = [(i, rd, layers) for i, rd, layers in routed if layers]
+        if not routed:
+            return
+        p = self.panel("curves", "aux_loss", "router aux loss added to the loss (coefficient × load-balancing + "
+                                             "z-loss, mean over MoE layers)", events=True)
+        for i, rd, _ in routed:
+            s, v = rd.curve("aux_loss")
+            self.series(p, i, s * rd.scale(self.align), v, rd.name, legend=self.multi)
+        p = self.panel("curves", "lb_loss", "load-balancing loss per MoE layer (1 = balanced, E = one expert takes "
+                                            "every token)", value_label="load-balancing loss")
+        for i, rd, layers in routed:
+            for j, layer in enumerate(layers):
+                s, v = rd.curve(f"moe/{layer}/lb_loss")
+                self.series(p, i if self.multi else j, s * rd.scale(self.align), v,
+                            f"{rd.name} layer {layer}" if self.multi else f"layer {layer}",
+                            dash=DASHES[j % len(DASHES)] if self.multi else "solid")
+        if any(np.nanmax(rd.curve(f"moe/{layer}/dropped_frac")[1], initial=0) > 0 for _, rd, ls in routed
+               for layer in ls):
+            p = self.panel("curves", "dropped", "tokens dropped at expert capacity (% of assignments)",
+                           value_label="dropped (%)")
+            for i, rd, layers in routed:
+                for j, layer in enumerate(layers):
+                    s, v = rd.curve(f"moe/{layer}/dropped_frac", factor=100.0)
+                    self.series(p, i if self.multi else j, s * rd.scale(self.align), v,
+                                f"{rd.name} layer {layer}" if self.multi else f"layer {layer}")
+        for i, rd, layers in routed:
+            for layer in layers:
+                grid = share_grid(rd, layer)
+                if grid is None:
+                    continue
+                names, steps, values = grid
+                fair = 100.0 / len(names)
+                self.panel("heatmap", f"expert_load_{i}_{layer}",
+                           f"{rd.name}: expert load, layer {layer} (% of the layer's tokens; fair share {fair:.3g}%)",
+                           axis="heat", value_label="share (%)",
+                           heat={"names": names, "steps": numbers(steps), "values": numbers(values.ravel()),
+                                 "width": float(np.median(np.diff(steps))) if len(steps) > 1 else 1.0,
+                                 "low": 0.0, "high": float(max(np.nanmax(values), 2 * fair)), "row_label": "expert"})
+
+
+def router_layers(rd):
+    """The MoE layer indices a run logged router fields for (moe/<layer>/share), in order."""
+    layers = set()
+    for r in rd.run.train:
+        for key in r:
+            if key.startswith("moe/") and key.endswith("/share"):
+                layers.add(int(key.split("/")[1]))
+    return sorted(layers)
+
+
+def share_grid(rd, layer):
+    """(expert names, steps, share in % [expert, step]) of one MoE layer, thinned to HEATMAP_COLUMNS steps."""
+    rows = [(r["step"], r[f"moe/{layer}/share"]) for r in rd.run.train
+            if isinstance(r.get(f"moe/{layer}/share"), list)]
+    if not rows:
+        return None
+    last = dict(rows)  # a step logged twice (resume): the later record wins
+    steps = np.array(sorted(last), dtype=np.float64)
+    grid = 100.0 * np.array([last[s] for s in sorted(last)], dtype=np.float64).T  # (experts, steps)
+    if len(steps) > HEATMAP_COLUMNS:  # a bucket shows its mean share
+        size = -(-len(steps) // HEATMAP_COLUMNS)
+        groups = range(0, len(steps), size)
+        grid = np.stack([grid[:, g:g + size].mean(axis=1) for g in groups], axis=1)
+        steps = np.array([steps[g] for g in groups])
+    return [f"expert {e}" for e in range(grid.shape[0])], steps, grid
 
 
 def numbers(values):

@@ -15,11 +15,12 @@ from typing import Any, Callable, List, NamedTuple
 
 import numpy as np
 
-from ms_llm.config.validate import head_dim
+from ms_llm.config.validate import head_dim, moe_layers
 from ms_llm.data.loader import TrainBatches, check_token_ids, eval_batches
 from ms_llm.data.manifest import has_manifest, load_manifest
 from ms_llm.errors import UserError
 from ms_llm.monitor.throughput import flops_per_token, peak_tflops
+from ms_llm.parallel.shapes import ModelShape
 from ms_llm.train import compile_cache
 from ms_llm.train.context import Runtime, agree, all_ranks_ok, launch_world_size, select_device, setup_context
 from ms_llm.train.resolve import ResolvedConfig, check_launch, resolve
@@ -191,12 +192,17 @@ def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
         log("note: no validation during training under pipeline parallelism (a forward-only pipeline is a "
             "different graph); evaluate the checkpoint with pipeline_stage: 1")
     n_params = count_params(model)
+    # MoE: a token computes with top_k of each MoE layer's experts, so the FLOPs count the active parameters only
+    inactive = ModelShape.from_config(m).inactive_expert_params() if m.moe is not None else 0
     s = Session(resolved, rt, log, manifest, purpose, accum, model, step_fn, EvalStep(model), data, val, n_params,
-                flops_per_token(count_params(model, exclude_positions=True), m.num_layers,
+                flops_per_token(count_params(model, exclude_positions=True) - inactive, m.num_layers,
                                 m.num_heads * head_dim(m), m.seq_length),  # attention: heads × head_dim wide
                 peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, cache)
-    log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
-        f"seq {m.seq_length}, vocab {m.vocab_size}); compute dtype {cfg.precision.compute_dtype}")
+    moe = (f", {n_params - inactive:,} active per token ({len(moe_layers(m))} MoE layers, top-{m.moe.top_k} of "
+           f"{m.moe.num_experts} experts, {'dropless' if m.moe.capacity_factor is None else 'capacity factor ' + str(m.moe.capacity_factor)})"
+           if m.moe is not None else "")
+    log(f"model: {m.arch}, {n_params:,} parameters{moe} ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} "
+        f"heads, seq {m.seq_length}, vocab {m.vocab_size}); compute dtype {cfg.precision.compute_dtype}")
     if t.warmup_steps >= t.max_steps:
         log(f"note: train.warmup_steps = {t.warmup_steps} >= train.max_steps = {t.max_steps}: the learning rate "
             f"never reaches train.lr = {t.lr} in this run")

@@ -44,23 +44,36 @@ def sum_of_squares(x, fused_op=None):
 
 
 class LossFn(nn.Cell):
-    """ids (B, T+1) → (loss * scale / accum, loss): the first output is differentiated, the second logged."""
+    """ids (B, T+1) → (loss * scale / accum, loss): the first output is differentiated, the second logged.
+
+    A model with mixture-of-experts layers (`num_moe_layers`) goes through `routed_loss` instead."""
 
     def __init__(self, model, accum):
         super().__init__(auto_prefix=False)  # keep parameter names as the model has them ("layers.0...")
         self.model = model
         self.accum = accum
+        self.routed = getattr(model, "num_moe_layers", 0) > 0
 
     def construct(self, ids, scale):
+        if self.routed:
+            return self.routed_loss(ids, scale)
         logits = self.model(ids[:, :-1])
         loss = cross_entropy(logits, ids[:, 1:])
         return loss * scale / self.accum, loss
+
+    def routed_loss(self, ids, scale):
+        """MoE: ((LM loss + router aux loss) * scale / accum, LM loss, router statistics (MoE layers, E + 5)). The
+        aux loss is differentiated with the LM loss and under the same ÷ accum rule; the logged loss stays the LM
+        cross-entropy, comparable with val_loss and with dense runs (the aux loss is logged on its own)."""
+        logits, aux, stats = self.model.forward_with_router(ids[:, :-1])
+        loss = cross_entropy(logits, ids[:, 1:])
+        return (loss + aux) * scale / self.accum, loss, stats
 
 
 class StepState(nn.Cell):
     """Everything the step owns besides the model and optimizer: loss scale, counters, grad buffers."""
 
-    def __init__(self, params, precision, accum, lr_table):
+    def __init__(self, params, precision, accum, lr_table, router_shape=None):
         super().__init__(auto_prefix=False)
         self.lr_scale = Parameter(initializer(1.0, (), ms.float32), name="lr_scale")  # lowered by rollbacks
         self.anomaly_count = Parameter(initializer(0, (), ms.int32), name="anomaly_count")
@@ -72,6 +85,10 @@ class StepState(nn.Cell):
         self.accum_loss = Parameter(initializer(0, (), ms.float32), name="accum_loss")
         self.grad_buffers = params.clone(prefix="grad_accum", init="zeros") if accum > 1 else None
         self.lr_table = ms.Tensor(lr_table)
+        # MoE: router statistics summed over the micro-batches since the host last read them (one read per log
+        # interval, ms_llm.train.router_stats); a row per MoE layer, ms_llm.nn.moe.STAT_NAMES after the expert counts
+        self.router_stats = Parameter(initializer(0, router_shape, ms.float32), name="router_stats",
+                                      requires_grad=False) if router_shape else None
 
 
 class AccumulateStep(nn.Cell):
@@ -86,9 +103,12 @@ class AccumulateStep(nn.Cell):
         self.hyper_map = ops.HyperMap()
 
     def construct(self, ids):
-        (_, loss), grads = self.grad_fn(ids, self.state.loss_scale)
+        out, grads = self.grad_fn(ids, self.state.loss_scale)
+        loss = out[1]
         self.hyper_map(ops.assign_add, self.state.grad_buffers, grads)
         ops.assign_add(self.state.accum_loss, loss)
+        if self.loss_fn.routed:
+            ops.assign_add(self.state.router_stats, out[2])
         return loss
 
 
@@ -106,7 +126,7 @@ class TrainStep(nn.Cell):
         self.weights = optimizer.params
         self.loss_fn = LossFn(model, accum)
         self.grad_fn = self.loss_and_grad()
-        self.state = StepState(self.weights, precision, accum, lr_table)
+        self.state = StepState(self.weights, precision, accum, lr_table, router_stats_shape(model))
         self.accumulate = AccumulateStep(self.loss_fn, self.weights, self.state) if accum > 1 else None
         self.accum, self.dp, self.clip = accum, dp, clip_grad
         self.dynamic = precision.loss_scale == "dynamic"
@@ -122,7 +142,10 @@ class TrainStep(nn.Cell):
     def gradients(self, ids, scale):
         """(mean loss of the step, gradients of loss * scale summed over its micro-batches and ranks)."""
         st = self.state
-        (_, loss), grads = self.grad_fn(ids, scale)
+        out, grads = self.grad_fn(ids, scale)
+        loss = out[1]
+        if self.loss_fn.routed:
+            ops.assign_add(st.router_stats, out[2])
         if self.accum > 1:
             grads = self.hyper_map(ops.add, grads, st.grad_buffers)
             loss = (loss + st.accum_loss) / self.accum
@@ -186,6 +209,16 @@ class TrainStep(nn.Cell):
         ops.assign(st.anomaly_count, st.anomaly_count + ops.select(accept, ops.ones((), ms.int32),
                                                                ops.zeros((), ms.int32)))
         return spike
+
+
+def router_stats_shape(model):
+    """(MoE layers, experts + statistics) of the router statistics buffer, or None for a model without MoE."""
+    layers = getattr(model, "num_moe_layers", 0)
+    if not layers:
+        return None
+    from ms_llm.nn.moe import STAT_NAMES
+
+    return layers, model.router_experts + len(STAT_NAMES)
 
 
 class TokenLoss(nn.Cell):

@@ -27,6 +27,7 @@ from ms_llm.train.resume import keep_metrics_until, load_initial_weights, resume
 from ms_llm.train.run_log import RunLog
 from ms_llm.train.run_plan import plan_run
 from ms_llm.train.resolve import check_launch
+from ms_llm.train.router_stats import router_stats_for
 from ms_llm.train.session import open_session
 from ms_llm.train.skipped_steps import RunHalted, SkippedSteps
 
@@ -62,6 +63,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     skips = SkippedSteps(s.cfg.precision)
     skips.resume(float(s.step_fn.state.loss_scale.asnumpy()))
     trun = TrainingRun(s, plan.run_dir, writer, log, plan.ckpt_rank)
+    router = router_stats_for(s)  # MoE: router health per layer, read with each log record
     if plan.resume:
         writer.write({"step": start, "event": "resume", "from": plan.checkpoint[0]})
     log.start_progress(t.max_steps, start, s.cfg.monitor.progress_bar)
@@ -85,6 +87,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                 if done % t.log_interval == 0 or done == t.max_steps:
                     lr = lr_at(step, t) * float(s.step_fn.state.lr_scale.asnumpy())  # lowered by rollbacks
                     record = meter.record(done, lr, memory_gib(rt.device_target))
+                    if router is not None:
+                        record.update(router.read())
                     writer.write(record)
                     call(hooks, "after_log", trun, record, times=meter.hook_s)
                 with meter.paused():

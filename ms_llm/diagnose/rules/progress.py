@@ -29,7 +29,7 @@ TINY_HIDDEN = 16         # a model narrower than this may be unable to use the c
 
 
 def rule_progress(run, found, limit):
-    if "loss_nonfinite" in found or "divergence" in found:
+    if "loss_nonfinite" in found or "divergence" in found or "moe_aux_too_large" in found:
         return None  # those explain the curve better
     out = judge_progress(run)
     if out and "bad_start" in found:  # a model that started far off is still recovering from its start
@@ -214,7 +214,7 @@ def lr_step_share(run):
 # --- sibling runs ------------------------------------------------------------------------------------
 
 def rule_siblings(run, found, _):
-    if "loss_nonfinite" in found or "divergence" in found:
+    if "loss_nonfinite" in found or "divergence" in found or "moe_aux_too_large" in found:
         return None
     pts = curve(run)
     if len(pts) < MIN_RECORDS:

@@ -26,7 +26,7 @@ TOKENS_PER_PARAM = 1000  # far past the ~20 tokens per parameter of a compute-op
 
 
 def rule_underfitting(run, found, _):
-    if any(k in found for k in ("loss_nonfinite", "divergence", "bad_start")):
+    if any(k in found for k in ("loss_nonfinite", "divergence", "bad_start", "moe_aux_too_large")):
         return None  # those explain a high loss first
     evals = points(run.evals, "val_loss")
     pts = curve(run)

@@ -3,8 +3,9 @@
     ms-llm convert --from-hf DIR --output OUT        OUT/model.ckpt, OUT/config.yaml, OUT/hf_origin.json
     ms-llm convert --to-hf OUT/model.ckpt --config OUT/config.yaml --output HF_DIR
 
-One module per family says how its config.json and tensor names map to ours: gpt2.py (model_type gpt2) and
-llama.py (llama, mistral, qwen2, qwen3: one decoder layer with options; RoPE settings in rope.py). This module
+One module per family says how its config.json and tensor names map to ours: gpt2.py (model_type gpt2),
+llama.py (llama, mistral, qwen2, qwen3: one decoder layer with options; RoPE settings in rope.py) and moe.py
+(mixtral, qwen3_moe: that layer with mixture-of-experts MLPs). This module
 reads and writes the folders and dispatches on model_type.
 Weights become float32 masters; `hf_origin.json` remembers the original key prefix, dtypes, config.json and whether
 an lm_head tensor was present, so converting back reproduces the original tensors bit for bit.
@@ -17,9 +18,9 @@ import numpy as np
 
 from ms_llm.checkpoint import safetensors_io
 from ms_llm.errors import UserError
-from ms_llm.interop.huggingface import gpt2, llama
+from ms_llm.interop.huggingface import gpt2, llama, moe
 
-FAMILIES = {kind: module for module in (gpt2, llama) for kind in module.MODEL_TYPES}
+FAMILIES = {kind: module for module in (gpt2, llama, moe) for kind in module.MODEL_TYPES}
 
 
 # --- reading and writing Hugging Face folders ------------------------------------------------------------
@@ -74,7 +75,9 @@ def hf_config(m):
 # --- the name/layout maps ---------------------------------------------------------------------------------
 
 def module_for(m):
-    return gpt2 if m.arch == "gpt2" else llama
+    if m.arch == "gpt2":
+        return gpt2
+    return moe if m.moe is not None else llama
 
 
 def detect_prefix(tensors, arch):
@@ -140,11 +143,15 @@ def from_hf(hf_dir, out_dir, fmt="ckpt", log=print):
     store.write_tensors(path, ours, fmt)
     save_config(cfg, os.path.join(out_dir, "config.yaml"))
     origin = {"prefix": prefix, "has_lm_head": "lm_head.weight" in tensors, "dtypes": dtypes, "hf_config": hf_cfg}
+    if cfg.model.moe is not None:  # written back in the layout it came in
+        origin["expert_layout"] = moe.expert_layout(tensors, prefix)
     with open(os.path.join(out_dir, "hf_origin.json"), "w", encoding="utf-8") as f:
         json.dump(origin, f, indent=1)
     n = sum(a.size for a in ours.values())
     log(f"converted {hf_cfg.get('model_type')} as model.arch {cfg.model.arch} ({n:,} parameters, {len(tensors)} "
         f"Hugging Face tensors) → {path} + config.yaml")
+    for note in getattr(family(hf_cfg.get("model_type")), "notes", lambda c: [])(hf_cfg):
+        log(f"note: {note}")
     positions = hf_cfg.get("max_position_embeddings")
     if cfg.model.arch == "llama" and positions and positions > cfg.model.seq_length:
         log(f"note: model.seq_length = {cfg.model.seq_length} (the tokens per training sample); config.json allows up "

@@ -14,6 +14,7 @@ import os
 
 from ms_llm.errors import UserError
 from ms_llm.interop.mindformers import model_rules
+from ms_llm.interop.mindformers import moe_rules
 from ms_llm.interop.mindformers import run_rules
 from ms_llm.interop.mindformers import train_rules
 from ms_llm.interop.mindformers.table import Ledger, format_table, summary_counts
@@ -27,6 +28,7 @@ def import_config(raw, samples=None, devices=None, path="the config"):
     t = Ledger(raw)
     facts = {}
     model_rules.model(t, facts)
+    moe_rules.moe(t)
     train_rules.batch(t, facts, devices)
     train_rules.parallel(t, facts)
     train_rules.recompute(t)

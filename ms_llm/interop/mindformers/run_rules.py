@@ -155,11 +155,6 @@ def top_level(t):
     for k in ("init_start_profile", "profile_communication", "profile_memory", "profile_level", "profile_output",
               "profile_rank_ids", "profile_pipeline", "profile_with_stack", "profiler_level", "with_stack"):
         t.ignored(k, "ms_llm's profiler window records operators and memory on the profiled rank")
-    moe = t.get("moe_config.expert_num", 1)
-    if moe and moe > 1:
-        raise UserError(f"moe_config.expert_num = {moe}: mixture-of-experts Llama is not implemented in ms_llm; "
-                        f"converting would silently give a dense model.")
-    t.ignore_prefix("moe_config.", "expert_num 1: a dense model")
     if t.get("layer_scale"):
         t.unsupported("layer_scale", "layer-wise learning-rate decay is not implemented")
     for k in ("layer_scale", "layer_decay", "lr_scale_factor"):

@@ -83,9 +83,11 @@ def parallel(t, facts):
     else:
         t.ignored(pc + "micro_batch_num", "used only with pipeline_stage > 1")
     t.mapped(pc + "optimizer_shard", (pc + "optimizer_shard", bool(t.get(pc + "optimizer_shard"))))
+    if (t.get(pc + "expert_parallel") or 1) > 1:  # with moe_config, moe_rules maps it first
+        t.unsupported(pc + "expert_parallel", "no moe_config.expert_num > 1: there are no experts to split")
+    if (t.get(pc + "context_parallel") or 1) > 1:
+        t.unsupported(pc + "context_parallel", "context parallelism is not implemented in ms_llm")
     for k in ("expert_parallel", "context_parallel"):
-        if (t.get(pc + k) or 1) > 1:
-            t.unsupported(pc + k, f"{k.replace('_', ' ')} is not implemented in ms_llm")
         t.ignored(pc + k, "1: off")
     t.ignored(pc + "mem_coeff", "a coefficient of MindSpore's auto-parallel strategy search (not used)")
     for k in t.keys(pc + "recompute"):

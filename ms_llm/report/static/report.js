@@ -105,7 +105,8 @@
       source: new Bokeh.ColumnDataSource({data: {x: xs, y: ys, v: vs}}), line_color: null,
       fill_color: {field: "v", transform: mapper}});
     p.add_layout(new Bokeh.ColorBar({color_mapper: mapper, width: 10}), "right");
-    p.add_tools(new Bokeh.HoverTool({tooltips: [["layer", "@y"], ["step", "@x{0,0}"], [panel.value_label, "@v"]]}));
+    p.add_tools(new Bokeh.HoverTool({tooltips: [[h.row_label || "layer", "@y"], ["step", "@x{0,0}"],
+                                                [panel.value_label, "@v"]]}));
     p.yaxis.major_label_text_font_size = "7pt";
     return p;
   }
