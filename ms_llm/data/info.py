@@ -39,6 +39,10 @@ def info(dataset_dir, cfg=None):
     if hist:
         lines.append("document lengths (train):")
         lines += histogram_lines(hist)
+    if m.get("finetune"):
+        from ms_llm.data.chat_pack import info_lines
+
+        lines += info_lines(m)
     if m.get("bad_lines"):
         lines.append(f"bad lines skipped while preprocessing: {m['bad_lines']:,}")
     if cfg is not None:

@@ -53,11 +53,15 @@ def rows_per_group(sample_length):
 
 
 class ShardWriter:
-    """Appends samples to a split's shards in `directory`; `close()` returns the manifest entries."""
+    """Appends samples to a split's shards in `directory`; `close()` returns the manifest entries.
 
-    def __init__(self, directory, split, sample_length, shard_bytes=DEFAULT_SHARD_MB << 20):
+    `columns`: the int32 columns of a row, each `sample_length` wide; with more than one (fine-tuning data: ids,
+    loss mask, segment ids) `write` takes samples of shape (n, len(columns), sample_length)."""
+
+    def __init__(self, directory, split, sample_length, shard_bytes=DEFAULT_SHARD_MB << 20, columns=("input_ids",)):
         self.dir, self.split, self.width = directory, split, sample_length
-        self.per_shard = max(1, shard_bytes // (4 * sample_length))
+        self.columns = tuple(columns)
+        self.per_shard = max(1, shard_bytes // (4 * sample_length * len(self.columns)))
         self.group = rows_per_group(sample_length)
         self.pending, self.npending = [], 0
         self.shards, self.writer, self.in_shard = [], None, 0
@@ -79,8 +83,12 @@ class ShardWriter:
         group, rest = rows[:n], rows[n:]
         self.pending, self.npending = ([rest] if len(rest) else []), len(rest)
         if self.writer is None:
-            self.writer = open_writer(os.path.join(self.dir, shard_name(self.split, len(self.shards))), self.width)
-        self.writer.write_raw_data([{"input_ids": row} for row in group])
+            self.writer = open_writer(os.path.join(self.dir, shard_name(self.split, len(self.shards))), self.width,
+                                      self.columns)
+        if len(self.columns) == 1:
+            self.writer.write_raw_data([{"input_ids": row} for row in group])
+        else:
+            self.writer.write_raw_data([dict(zip(self.columns, row)) for row in group])
         self.in_shard += n
 
     def _finish_shard(self):
@@ -102,14 +110,14 @@ class ShardWriter:
         return sum(s["samples"] for s in self.shards) + self.in_shard + self.npending
 
 
-def open_writer(path, width):
+def open_writer(path, width, columns=("input_ids",)):
     from mindspore.mindrecord import FileWriter
 
     writer = FileWriter(path, shard_num=1, overwrite=True)
     # the 32 MiB page + 16 MiB header defaults would pad a small shard to 50 MB on disk
     writer.set_page_size(1 << 20)
     writer.set_header_size(1 << 20)
-    writer.add_schema({"input_ids": {"type": "int32", "shape": [width]}}, "packed_tokens")
+    writer.add_schema({c: {"type": "int32", "shape": [width]} for c in columns}, "packed_tokens")
     return writer
 
 

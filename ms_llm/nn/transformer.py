@@ -2,6 +2,7 @@
 import mindspore as ms
 from mindspore import nn, ops
 
+from ms_llm.nn.attention import DocumentMask
 from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.init import normal
 
@@ -14,8 +15,8 @@ class DecoderLayer(nn.Cell):
         self.attn_norm, self.attention = attn_norm, attention
         self.mlp_norm, self.mlp = mlp_norm, mlp
 
-    def construct(self, x):
-        x = x + self.attention(self.attn_norm(x))
+    def construct(self, x, documents=None, positions=None):
+        x = x + self.attention(self.attn_norm(x), documents, positions)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -64,7 +65,9 @@ class CausalLM(nn.Cell):
     """Token ids (B, T) int32 → logits (B, T, V) float32.
 
     `positions` is an optional learned position table (GPT-2); `layers` the decoder layers; the LM head
-    reuses the token embedding when `tie_embeddings`.
+    reuses the token embedding when `tie_embeddings`. With `segments` (B, T) int32, the document each token
+    belongs to (packed fine-tuning samples), attention stays within a document and positions restart at each
+    (DocumentMask); without, each row is one sequence.
     """
 
     def __init__(self, vocab_size, hidden, layers, final_norm, init_std=0.02, tie_embeddings=True,
@@ -82,17 +85,21 @@ class CausalLM(nn.Cell):
         self.vocab_size, self.hidden = vocab_size, hidden
         self.head = LMHead(hidden, vocab_size, compute_dtype)
         self.embedding_gather = ops.Gather()
+        self.document_mask = DocumentMask()
 
-    def hidden_states(self, ids):
+    def hidden_states(self, ids, segments=None):
         """(embedding output, each layer's output, final norm output): the residual stream layer by layer."""
         t = ids.shape[1]
         x = self.embedding_gather(self.embedding, ids, 0)
+        documents, positions = None, None
+        if segments is not None:
+            documents, positions = self.document_mask(segments)
         if self.has_positions:
-            x = x + self.positions[:t]
+            x = x + (self.positions[:t] if positions is None else self.embedding_gather(self.positions, positions, 0))
         x = self.embed_dropout(x.astype(self.dtype))
         states = (x,)
         for layer in self.layers:
-            x = layer(x)
+            x = layer(x) if segments is None else layer(x, documents, positions)
             states = states + (x,)
         return states + (self.final_norm(x),)
 
@@ -100,5 +107,5 @@ class CausalLM(nn.Cell):
         """(B, T, hidden) final-norm output → (B, T, vocab) float32 logits."""
         return self.head(x, self.embedding if self.tie else self.lm_head)
 
-    def construct(self, ids):
-        return self.logits(self.hidden_states(ids)[-1])
+    def construct(self, ids, segments=None):
+        return self.logits(self.hidden_states(ids, segments)[-1])

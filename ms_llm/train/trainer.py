@@ -18,7 +18,7 @@ from ms_llm.parallel.layout import uses_semi_auto
 from ms_llm.train import compile_cache
 from ms_llm.rundir import writer as rd
 from ms_llm.train.context import all_ranks_ok, launch_world_size, select_device, setup_context
-from ms_llm.train.evaluate import evaluate
+from ms_llm.train.evaluate import evaluate_session
 from ms_llm.train.hooks import TrainingRun, call
 from ms_llm.train.lr_schedule import lr_at
 from ms_llm.train.meter import IntervalMeter
@@ -82,6 +82,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                 if done % t.log_interval == 0 or done == t.max_steps:
                     lr = lr_at(step, t) * float(s.step_fn.state.lr_scale.asnumpy())  # lowered by rollbacks
                     record = meter.record(done, lr, memory_gib(rt.device_target))
+                    if s.finetune is not None:  # the share of target tokens the loss counts (train/finetune.py)
+                        record.update(s.finetune.log_fields())
                     writer.write(record)
                     call(hooks, "after_log", trun, record)
                 with meter.paused():
@@ -235,9 +237,9 @@ def run_eval(trun, step, hooks):
     s = trun.session
     if not s.val:  # no validation batches (pipeline parallelism)
         return None
-    val_loss = evaluate(s.model, s.eval_step, s.val, s.rt)
-    trun.writer.write({"step": step, "val_loss": val_loss,
-                       "val_tokens": len(s.val) * int(s.val[0].shape[0]) * s.cfg.model.seq_length * s.rt.world_size})
+    record = evaluate_session(s)  # masked for fine-tuning data; with data.extra_val's loss (train/finetune.py)
+    val_loss = record["val_loss"]
+    trun.writer.write({"step": step, **record})
     call(hooks, "after_eval", trun, step, val_loss)
     return val_loss
 
@@ -263,12 +265,12 @@ def dry_run(cfg, echo=print):
     one rank without touching a device: the way to verify a layout before queueing a cluster job."""
     s = open_session(cfg, echo, purpose="dry_run")
     s.log(s.parallel.table())
-    batch = next(s.data)
+    inputs = s.step_inputs([next(s.data)])[0]
     t0 = time.perf_counter()
     if s.cache is not None:
-        s.cache.check_binding(s.step_cells, [batch] * len(s.step_cells), s.log)
+        s.cache.check_binding(s.step_cells, [inputs] * len(s.step_cells), s.log)
     else:
         for cell in s.step_cells:
-            cell.compile(batch)
+            cell.compile(*inputs)
     s.log(f"dry run: training step compiled in {time.perf_counter() - t0:.1f} s; nothing was trained or written")
     return s
