@@ -94,7 +94,7 @@ def cmd_sample(args):
     from ms_llm.train.generate import sample
 
     for text in sample(args.run_dir, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
-                       args.num_samples, args.checkpoint):
+                       args.num_samples, args.checkpoint, args.chat):
         print(text)
         print("-" * 40)
 
@@ -185,6 +185,8 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--checkpoint", help="a .ckpt file (default: the run's newest)")
+    p.add_argument("--chat", action="store_true", help="the prompt is the user's message, rendered with the chat "
+                                                       "template of the run's chat/instruction data; prints the reply")
     p.set_defaults(func=cmd_sample)
     return parser
 

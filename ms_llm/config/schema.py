@@ -167,12 +167,15 @@ class CheckpointConfig:
                                             "converted from Hugging Face); optimizer starts fresh")
 
 
+LORA_TARGETS = ("qkv", "out", "gate_up", "down", "up")  # the projections of ms_llm's models (ms_llm/nn/lora.py)
+
+
 @dataclass(frozen=True)
 class LoraConfig:
     rank: int = opt(8, "rank r of each adapter: ΔW = (alpha / r) · B A with A (r, in), B (out, r)")
     alpha: float = opt(16.0, "scale of the adapters' output, divided by rank")
     dropout: float = opt(0.0, "dropout on the adapters' input")
-    targets: List[str] = opt(["qkv", "out", "gate_up", "down", "up"],
+    targets: List[str] = opt(list(LORA_TARGETS),
                              "projections that get an adapter, by their name in the model: qkv, out (attention), "
                              "gate_up, down (llama MLP), up, down (gpt2 MLP)")
 

@@ -9,6 +9,7 @@ list of `Finding`s or None:
   rules/system.py          throughput, loss scale, memory, clipping, tensor-statistics flags, events
   rules/device.py          temperature, host contention, unsupported operators and OOM in logs/, speedup
   rules/schedule.py        schedule and optimizer settings: findings when the curve shows them, else notes
+  rules/finetune.py        fine-tuning: a mask that keeps no tokens, prompts in the loss, drift from the base model
 
 Causes carry a confidence (common.cause) from the evidence for them (causes.py). The thresholds
 are module constants, each documented (with the reason for its value) in docs/debugging.md; they were set so that
@@ -26,6 +27,8 @@ from ms_llm.diagnose.rules.system import (rule_always_clipped, rule_data_wait, r
                                           rule_low_mfu, rule_memory, rule_memory_growth, rule_stats, rule_uneven)
 from ms_llm.rundir.reader import load_run
 from ms_llm.errors import UserError
+
+from ms_llm.diagnose.rules.finetune import rule_finetune  # noqa: E402 (fine-tuning: empty mask, prompts, drift)
 
 
 def diagnose(run_dir, device_memory=None, logs=None):
@@ -69,6 +72,8 @@ def exit_code(findings):
 RULES = [rule_nonfinite, rule_divergence, rule_progress, rule_siblings, rule_labels, rule_generalisation, rule_spikes,
          rule_data_wait, rule_uneven, rule_temperature, rule_low_mfu, rule_loss_scale, rule_memory, rule_memory_growth,
          rule_always_clipped, rule_stats, rule_logs, rule_speedup, rule_schedule, rule_events]
+
+RULES.append(rule_finetune)  # rules/finetune.py
 
 
 def format_report(run_dir, run, findings):

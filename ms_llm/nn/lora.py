@@ -24,9 +24,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import Parameter, nn, ops
 
+from ms_llm.config.schema import LORA_TARGETS as TARGETS  # noqa: F401 (the config's names for the projections)
 from ms_llm.nn.linear import Linear
-
-TARGETS = ("qkv", "out", "gate_up", "down", "up")
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 
 

@@ -142,6 +142,10 @@ def stage_memory(shape, layout, stage):
             terms.append(Term(f"weights, {layout.compute_dtype} copy", c * params, f"{c} B × {p_txt}"))
         terms.append(Term("gradients, fp32", FP32_BYTES * params, f"4 B × {p_txt}"))
         terms.append(Term("optimizer states, AdamW", ADAMW_STATE_BYTES * params, f"8 B × {p_txt}"))
+    if layout.lora_rank:  # finetune.lora: gradients and moments of the adapters only
+        from ms_llm.parallel.lora_memory import lora_terms
+
+        terms = lora_terms(terms, shape, layout, layers)
 
     terms += activation_terms(shape, layout, stage, layers)
     return terms

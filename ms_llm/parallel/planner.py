@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from ms_llm.errors import UserError
 from ms_llm.parallel.layout import (DEFAULT_DEVICES_PER_NODE, invalid_reasons,  # noqa: F401 (planner API)
                                     layout_from_config)
+from ms_llm.parallel.lora_memory import trainable_device_params
 from ms_llm.parallel.memory import GIB, FP32_BYTES, layers_per_stage, peak_stage, total_bytes
 from ms_llm.parallel.shapes import ModelShape
 
@@ -69,7 +70,7 @@ def communication(shape, layout, cluster):
     kinds = {}
 
     # Data parallel: gradients of the parameters one device holds (the largest stage).
-    stage_params = max(device_params(shape, layout, i) for i in range(layout.pp))
+    stage_params = trainable_device_params(shape, layout, max(device_params(shape, layout, i) for i in range(layout.pp)))
     dp = layout.dp
     if dp > 1:
         if layout.optimizer_shard:

@@ -108,6 +108,8 @@ class Layout:
     vocab_emb_dp: bool = True
     compute_dtype: str = "bfloat16"
     flash_attention: bool = False  # fused attention keeps no s×s scores (Ascend FlashAttentionScore)
+    lora_rank: int = 0  # finetune.lora: adapters of this rank train, the base is frozen (parallel/lora_memory.py)
+    lora_targets: tuple = ()
 
     @property
     def devices(self):
@@ -126,7 +128,8 @@ class Layout:
         rc = self.recompute if not self.full_recompute_layers else f"full for {list(self.full_recompute_layers)} " \
                                                                     f"layers per stage, else {self.recompute}"
         return (f"dp {self.dp} × mp {self.mp} × pp {self.pp}, optimizer_shard {on(self.optimizer_shard)}, "
-                f"recompute {rc}, seq parallel {on(self.seq_parallel)}, flash attention {on(self.flash_attention)}")
+                f"recompute {rc}, seq parallel {on(self.seq_parallel)}, flash attention {on(self.flash_attention)}"
+                + (f", LoRA rank {self.lora_rank}" if self.lora_rank else ""))
 
 
 def on(flag):
