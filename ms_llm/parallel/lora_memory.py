@@ -1,8 +1,9 @@
 """What LoRA (finetune.lora, ms_llm/nn/lora.py) changes in a device's memory: the base weights stay, frozen, and the
 adapters join them; only the adapters have gradients and AdamW moments. The saving is in those two terms: for a
 7B model at rank 8 on every projection, 16 bytes × 6.7 billion parameters of gradients and optimizer states become
-16 bytes × 20 million. Pure arithmetic, like memory.py."""
-from ms_llm.parallel.memory import ADAMW_STATE_BYTES, FP32_BYTES, Term
+16 bytes × 20 million. Pure arithmetic, like memory.py (which calls it, so it imports nothing of memory.py)."""
+FP32_BYTES = 4
+ADAMW_STATE_BYTES = 8  # two fp32 moments per parameter
 
 
 def layer_lora_params(shape, rank, targets):
@@ -17,9 +18,10 @@ def layer_lora_params(shape, rank, targets):
     return sum(rank * (i + o) for name, (i, o) in sizes.items() if name in targets)
 
 
-def lora_terms(terms, shape, layout, layers):
+def lora_terms(terms, shape, layout, layers, Term):
     """The terms of a full fine-tuning `stage_memory` turned into LoRA's: an adapters line beside the weights, and
-    gradients and optimizer states of the adapters alone (sharded like the rest when the optimizer is)."""
+    gradients and optimizer states of the adapters alone (sharded like the rest when the optimizer is). `Term`:
+    memory.Term."""
     n = layers * layer_lora_params(shape, layout.lora_rank, layout.lora_targets)
     shard = layout.dp if layout.optimizer_shard else 1
     out = []
@@ -42,10 +44,8 @@ def lora_terms(terms, shape, layout, layers):
     return out
 
 
-def trainable_device_params(shape, layout, stage_params):
-    """What the data-parallel all-reduce moves: every parameter, or with LoRA the adapters alone."""
+def trainable_device_params(shape, layout, stage_params, layers):
+    """What the data-parallel all-reduce moves: every parameter, or with LoRA the adapters of `layers` layers."""
     if not layout.lora_rank:
         return stage_params
-    from ms_llm.parallel.memory import layers_per_stage
-
-    return max(layers_per_stage(shape, layout)) * layer_lora_params(shape, layout.lora_rank, layout.lora_targets)
+    return layers * layer_lora_params(shape, layout.lora_rank, layout.lora_targets)

@@ -145,7 +145,7 @@ def stage_memory(shape, layout, stage):
     if layout.lora_rank:  # finetune.lora: gradients and moments of the adapters only
         from ms_llm.parallel.lora_memory import lora_terms
 
-        terms = lora_terms(terms, shape, layout, layers)
+        terms = lora_terms(terms, shape, layout, layers, Term)
 
     terms += activation_terms(shape, layout, stage, layers)
     return terms

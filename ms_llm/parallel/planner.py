@@ -70,7 +70,8 @@ def communication(shape, layout, cluster):
     kinds = {}
 
     # Data parallel: gradients of the parameters one device holds (the largest stage).
-    stage_params = trainable_device_params(shape, layout, max(device_params(shape, layout, i) for i in range(layout.pp)))
+    stage_params = trainable_device_params(shape, layout, max(device_params(shape, layout, i) for i in range(layout.pp)),
+                                           max(layers_per_stage(shape, layout)))
     dp = layout.dp
     if dp > 1:
         if layout.optimizer_shard:

@@ -50,16 +50,3 @@ def evaluate_masked(model, eval_step, batches, rt):
     return {"val_loss": sums[0] / sums[1] if sums[1] else float("nan"),
             "val_loss_prompt": sums[2] / sums[3] if sums[3] else float("nan"), "val_tokens": int(sums[1])}
 
-
-def evaluate_session(s):
-    """The evaluation record of a session: val_loss and val_tokens (masked for fine-tuning data, with
-    val_loss_prompt), and data.extra_val's extra_val_loss when set."""
-    from ms_llm.train.finetune import metrics_of_eval
-
-    if s.finetune is not None and s.finetune.masked:
-        record = evaluate_masked(s.model, s.eval_step, s.val, s.rt) if s.val else {"val_loss": float("nan")}
-    else:
-        record = {"val_loss": evaluate(s.model, s.eval_step, s.val, s.rt),
-                  "val_tokens": len(s.val) * int(s.val[0].shape[0]) * s.cfg.model.seq_length * s.rt.world_size}
-    record.update(metrics_of_eval(s, record))
-    return record

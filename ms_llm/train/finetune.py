@@ -10,7 +10,6 @@ and a run with `finetune.lora` change, kept here so that the session, step and t
     the base's identity (ms_llm/checkpoint/lora.py);
   * data.extra_val: a second validation set, plain text, evaluated beside the first as extra_val_loss.
 """
-import os
 from dataclasses import dataclass, field
 from typing import Any, List, Optional
 
@@ -208,12 +207,17 @@ def load_base_for_resume(session, manifest, path, log):
     log(f"LoRA base weights from {identity['path']} (SHA-256 checked)")
 
 
-def metrics_of_eval(session, val):
-    """data.extra_val's loss, for the evaluation record."""
-    st = session.finetune
-    if st is None or not st.extra_val:
-        return {}
-    from ms_llm.train.evaluate import evaluate
+def evaluate_session(s):
+    """The evaluation record of a session: val_loss and val_tokens (for fine-tuning data: over the response tokens,
+    with val_loss_prompt beside it), and data.extra_val's extra_val_loss when set."""
+    from ms_llm.train.evaluate import evaluate, evaluate_masked
 
-    return {"extra_val_loss": evaluate(session.model, st.extra_eval_step, st.extra_val, session.rt),
-            "extra_val": os.path.abspath(session.cfg.data.extra_val)}
+    st = s.finetune
+    if st is not None and st.masked:
+        record = evaluate_masked(s.model, s.eval_step, s.val, s.rt) if s.val else {"val_loss": float("nan")}
+    else:
+        record = {"val_loss": evaluate(s.model, s.eval_step, s.val, s.rt),
+                  "val_tokens": len(s.val) * int(s.val[0].shape[0]) * s.cfg.model.seq_length * s.rt.world_size}
+    if st is not None and st.extra_val:
+        record["extra_val_loss"] = evaluate(s.model, st.extra_eval_step, st.extra_val, s.rt)
+    return record

@@ -18,7 +18,7 @@ from ms_llm.parallel.layout import uses_semi_auto
 from ms_llm.train import compile_cache
 from ms_llm.rundir import writer as rd
 from ms_llm.train.context import all_ranks_ok, launch_world_size, select_device, setup_context
-from ms_llm.train.evaluate import evaluate_session
+from ms_llm.train.finetune import evaluate_session
 from ms_llm.train.hooks import TrainingRun, call
 from ms_llm.train.lr_schedule import lr_at
 from ms_llm.train.meter import IntervalMeter
