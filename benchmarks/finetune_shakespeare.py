@@ -2,9 +2,10 @@
 
     python benchmarks/finetune_shakespeare.py --workdir /tmp/ft_demo [--steps 60]
 
-1. A chat JSONL made from data/tinyshakespeare.txt: each conversation is a run of consecutive speeches of a play,
-   the odd ones as the user's turns, the even ones as the assistant's replies, under a system message
-   ("Continue the scene."); an instruction JSONL of (speech, reply) pairs the same way.
+1. A chat JSONL made from data/tinyshakespeare.txt: each conversation is a run of consecutive speeches of a play
+   (at most 110 characters each; one or two exchanges), the odd ones as the user's turns, the even ones as the
+   assistant's replies, under the template's system message ("Continue the scene."); an instruction JSONL of
+   (speech, reply) pairs the same way.
 2. A byte-level BPE tokenizer.json trained on the same text with ChatML's special tokens, and a
    tokenizer_config.json holding a ChatML chat template (`<|im_start|>role\\n...<|im_end|>\\n`, the layout Qwen2.5
    uses) with eos_token <|im_end|>.
@@ -78,9 +79,11 @@ def conversations(n, turns=2, max_chars=240, seed=0):
     return out
 
 
-def write_chat_jsonl(path, n=200, turns=2, seed=0):
+def write_chat_jsonl(path, n=200, seed=1, max_chars=110):
+    """n chat records: the first half one exchange (user, assistant), the second half two."""
+    recs = conversations(n // 2, 1, max_chars, seed) + conversations(n - n // 2, 2, max_chars, seed + 1)
     with open(path, "w", encoding="utf-8") as f:
-        for rec in conversations(n, turns, seed=seed):
+        for rec in recs:
             f.write(json.dumps(rec) + "\n")
     return path
 

@@ -18,14 +18,11 @@ QUIET = dict(log=lambda *_: None)
 @functools.lru_cache(maxsize=None)
 def assets():
     """{"tok": tokenizer.json with the ChatML template, "tok_marked": the same with {% generation %} markers,
-    "chat": 120 chat records (1 or 2 exchanges), "instruction": 120 instruction records} in one folder."""
+    "chat": 120 chat records (60 of one exchange, 60 of two), "instruction": 120 instruction records} in one folder."""
     d = tempfile.mkdtemp(prefix="ms_llm_finetune_")
     out = {"dir": d, "tok": demo.write_tokenizer(os.path.join(d, "tok")),
            "tok_marked": demo.write_tokenizer(os.path.join(d, "tok_marked"), markers=True)}
-    with open(os.path.join(d, "chat.jsonl"), "w", encoding="utf-8") as f:
-        for i, rec in enumerate(demo.conversations(60, 1, 110, seed=1) + demo.conversations(60, 2, 110, seed=2)):
-            f.write(json.dumps(rec) + "\n")
-    out["chat"] = os.path.join(d, "chat.jsonl")
+    out["chat"] = demo.write_chat_jsonl(os.path.join(d, "chat.jsonl"), 120, seed=1)
     out["instruction"] = demo.write_instruction_jsonl(os.path.join(d, "instruction.jsonl"), 120, seed=3)
     return out
 

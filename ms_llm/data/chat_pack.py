@@ -83,3 +83,48 @@ def info_lines(manifest):
                      + (f"; {ft['dropped']:,} of them kept no response token and were dropped" if ft.get("dropped")
                         else ""))
     return lines
+
+
+def sample_lines(dataset_dir, manifest, index, split="train"):
+    """`ms-llm data info D --show-sample N`: sample N of a fine-tuning split as text, the tokens in the loss between
+    ⟦ and ⟧, each conversation opened by ⟨k⟩ (its segment id), padding summarised."""
+    import os
+
+    from mindspore.mindrecord import FileReader
+
+    from ms_llm.data.tokenizers import from_spec
+    from ms_llm.errors import UserError
+
+    n = manifest["splits"][split]["samples"]
+    if not 0 <= index < n:
+        raise UserError(f"--show-sample {index}: the {split} split of '{dataset_dir}' has samples 0 to {n - 1}.")
+    if "loss_mask" not in (manifest.get("columns") or ()):
+        raise UserError(f"--show-sample: '{dataset_dir}' is not a chat/instruction dataset (no loss mask to show).")
+    shards = manifest["splits"][split]["shards"]
+    for shard in shards:
+        if index < shard["samples"]:
+            break
+        index -= shard["samples"]
+    reader = FileReader(os.path.join(dataset_dir, shard["file"]))
+    try:
+        row = next(r for i, r in enumerate(reader.get_next()) if i == index)
+    finally:
+        reader.close()
+    tok = from_spec(manifest["tokenizer"])
+    decode = getattr(tok, "decode_all", tok.decode)
+    ids, mask, seg = (np.asarray(row[c]) for c in COLUMNS)
+    real = seg != 0
+    parts, k = [], 0
+    while k < len(ids) and real[k]:
+        j = k
+        while j < len(ids) and seg[j] == seg[k] and mask[j] == mask[k]:
+            j += 1
+        opening = f"⟨{seg[k]}⟩" if k == 0 or seg[k - 1] != seg[k] else ""
+        text = decode(ids[k:j])
+        parts.append(opening + (f"⟦{text}⟧" if mask[k] else text))
+        k = j
+    return [f"sample {index} of {split} ({shard['file']}): {int(seg.max())} conversation(s), {int(real.sum())} "
+            f"tokens + {int((~real).sum())} padding; {int(mask.sum())} tokens in the loss, between ⟦ and ⟧; ⟨k⟩ opens "
+            f"conversation k (attention and positions restart there)",
+            "".join(parts),
+            "loss mask: " + "".join(str(int(x)) for x in mask[real])]

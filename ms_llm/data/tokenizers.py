@@ -153,6 +153,10 @@ class HFTokenizer:
         """The id of a token of the vocabulary (a special token of a chat template), or None."""
         return self.tok.token_to_id(token)
 
+    def decode_all(self, ids):
+        """Every token's text, special tokens included (a chat template's <|im_end|> is the end-of-document id)."""
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
     def decode(self, ids):
         return self.tok.decode([int(i) for i in ids if int(i) != self.eod_id])
 

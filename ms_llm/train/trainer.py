@@ -145,7 +145,8 @@ def write_run_dir(plan, cfg, rt, start, manifest):
         dataset = {"dir": os.path.abspath(cfg.data.dataset_dir), "stats": manifest.get("stats"),
                    "train_samples": manifest.get("splits", {}).get("train", {}).get("samples")}
         if manifest.get("format"):  # chat/instruction data: what diagnose's fine-tuning rules read
-            dataset.update(format=manifest["format"], packed=manifest.get("packed"), finetune=manifest.get("finetune"))
+            dataset.update(format=manifest["format"], packed=manifest.get("packed"), finetune=manifest.get("finetune"),
+                           seq_length=manifest.get("seq_length"))
         rd.write_json(info, rd.run_info(rt, cfg, {"run_dir": os.path.abspath(plan.run_dir), "dataset": dataset}))
 
 

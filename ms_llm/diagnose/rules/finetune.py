@@ -58,11 +58,15 @@ def rule_empty_mask(run, found, _):
                   f"(preprocessing's count)")
     causes = []
     truncated = ft.get("truncated") or 0
+    data_frac, run_seq, data_seq = data_fraction(run), run.cfg("model.seq_length"), ds.get("seq_length")
+    if data_frac is not None and median < data_frac / 4 and run_seq and data_seq and run_seq < data_seq:
+        causes.append(cause(f"the run reads part of each sample: model.seq_length = {run_seq}, the dataset's samples "
+                            f"hold {data_seq} + 1 tokens, and the cut-off tails hold the responses", "high"))
     if truncated:
         causes.append(cause(f"conversations longer than a sample: {truncated:,} were cut to model.seq_length + 1 "
                             f"tokens, which cuts the responses at their end first"
                             + (f" ({ft.get('dropped')} kept none and were dropped)" if ft.get("dropped") else ""),
-                            "high" if median < EMPTY_FRAC else "medium"))
+                            "high" if median < EMPTY_FRAC and not causes else "medium"))
     causes.append(cause("responses that are very short beside their prompts (a long system prompt or context and "
                         "one-word answers): the data's own balance", "medium" if not truncated else "low"))
     causes.append(cause("the chat template marks little as the assistant's (a template whose assistant header "
@@ -70,6 +74,8 @@ def rule_empty_mask(run, found, _):
     ds_dir = ds.get("dir")
     actions = [f"ms-llm data info {quoted(ds_dir) if ds_dir else 'DATASET'} (the share of tokens in the loss and the "
                f"conversations cut)"]
+    if run_seq and data_seq and run_seq < data_seq:
+        actions.append(f"--set model.seq_length={data_seq} (the dataset's sample length)")
     if truncated:
         actions.append(f"preprocess again with a longer --seq-length (now {run.cfg('model.seq_length')}), or "
                        f"--refuse-long to find the long conversations")
