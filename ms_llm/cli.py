@@ -47,7 +47,7 @@ def cmd_train(args):
 
 
 def cmd_preprocess(args):
-    from ms_llm.data.preprocess import preprocess
+    from ms_llm.data.preprocess import keep_large_arrays_off_the_heap, preprocess
 
     if args.config:
         from ms_llm.config import load_config
@@ -74,6 +74,7 @@ def cmd_preprocess(args):
         raise UserError(f"--workers = {args.workers} must be at least 1 (default: the number of CPU cores).")
     if args.shard_size_mb < 1:
         raise UserError(f"--shard-size-mb = {args.shard_size_mb} must be at least 1.")
+    keep_large_arrays_off_the_heap()  # this process only preprocesses: its peak memory then stays flat
     fmt = args.format or "text"
     if fmt != "text":  # conversations: rendered with the chat template, loss mask and segment ids (docs/finetuning.md)
         from ms_llm.data.chat_preprocess import preprocess_conversations
@@ -106,7 +107,8 @@ def cmd_benchmark(args):
     if args.steps <= 0 or args.warmup < 0:
         raise UserError(f"--steps = {args.steps} must be positive and --warmup = {args.warmup} non-negative.")
     overrides = ["monitor.summary=false", "monitor.progress_bar=false"] + args.overrides
-    benchmark(load_config(args.config, overrides), args.steps, args.warmup, args.json)
+    benchmark(load_config(args.config, overrides), args.steps, args.warmup, args.json, output=args.output,
+              about={"config": args.config, "overrides": args.overrides})
 
 
 def build_parser():
@@ -154,6 +156,8 @@ def build_parser():
     p.add_argument("--steps", type=int, default=50, help="timed steps (default 50)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after compilation (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--output", metavar="FILE", help="also write the result as JSON to FILE (e.g. RUN/benchmark.json: "
+                                                    "ms-llm diagnose RUN compares the run's speed with it)")
     p.set_defaults(func=cmd_benchmark)
 
 

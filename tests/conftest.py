@@ -43,14 +43,12 @@ def pytest_configure(config):
             preprocess(SHAKESPEARE, QUICKSTART_DATA, 64, "char", 0.1, log=lambda *_: None)
 
 
-def session_dir():
-    """A folder all xdist workers of this test session share (one per session), for locks and shared runs."""
-    uid = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if uid is None:
+def session_dir(config):
+    """Under xdist, a folder all workers of this test session share (for locks and shared runs): the parent of the
+    workers' own temporary folders, which pytest removes with its old sessions. None without xdist."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
         return None
-    path = pathlib.Path(os.environ.get("TMPDIR", "/tmp")) / f"ms_llm_tests_{uid}"
-    path.mkdir(exist_ok=True)
-    return path
+    return config._tmp_path_factory.getbasetemp().parent  # pytest's own recipe for xdist (getbasetemp().parent)
 
 
 @contextlib.contextmanager
@@ -68,7 +66,7 @@ def pytest_runtest_protocol(item, nextitem):
     """Under xdist, a `serial` test (setup and shared fixtures included) runs while no other test runs: the other
     worker's tests hold the run lock shared, a serial one holds it exclusively. A waiting serial test holds the
     turnstile, so that new tests queue behind it instead of starving it."""
-    shared = session_dir()
+    shared = session_dir(item.config)
     if shared is None:
         yield
         return
@@ -86,8 +84,9 @@ def pytest_runtest_protocol(item, nextitem):
 def build_once(tmp_path_factory, name, build):
     """The JSON result of `build(folder)` for a session-wide run: built by the first worker that needs it (under a
     lock; the others wait and reuse it), so xdist does not train a shared run once per worker."""
-    shared = session_dir()
-    root = (shared or tmp_path_factory.getbasetemp()) / "shared"
+    root = tmp_path_factory.getbasetemp() / "shared"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "shared"
     root.mkdir(exist_ok=True)
     with flock(root / f"{name}.lock", fcntl.LOCK_EX):
         done = root / f"{name}.json"
@@ -155,16 +154,16 @@ THREADS = ["--set", "context.num_threads=1"] if os.environ.get("PYTEST_XDIST_WOR
 
 
 def tiny_train_args(dataset, run_dir, *extra):
-    """A tiny GPT on the small dataset: compiles in seconds, trains in a few more. The report, Insight summaries and
-    telemetry are off (they cost time and most tests do not read them); a test that reads them turns them on."""
+    """A tiny GPT on the small dataset: compiles in seconds, trains in a few more. The report and Insight summaries
+    are off (they cost time and most tests do not read them); a test that reads them turns them on. Telemetry stays
+    on: diagnose reads it to tell host contention from the run's own stalls."""
     return ["train", "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"), "--run-dir", str(run_dir),
             "--set", f"data.dataset_dir={dataset}", "--set", "data.source=null",
             "--set", "model.num_layers=2", "--set", "model.hidden_size=32", "--set", "model.num_heads=2",
             "--set", "model.seq_length=32", "--set", "train.global_batch_size=8", "--set", "train.micro_batch_size=8",
             "--set", "train.max_steps=30", "--set", "train.warmup_steps=5", "--set", "train.log_interval=10",
             "--set", "train.eval_interval=20", "--set", "train.eval_steps=4", "--set", "checkpoint.save_interval=0",
-            "--set", "monitor.report=false", "--set", "monitor.summary=false",
-            "--set", "monitor.telemetry_interval_s=null", *THREADS, *extra]
+            "--set", "monitor.report=false", "--set", "monitor.summary=false", *THREADS, *extra]
 
 
 # Accumulation 2 (micro batch 4 of 8), 60 steps, every step logged, a checkpoint every 10: the uninterrupted run

@@ -23,14 +23,16 @@ import numpy as np
 from ms_llm.data import chat
 from ms_llm.data.chat_pack import COLUMNS, ConversationPacker
 from ms_llm.data.manifest import MANIFEST, SCHEMA_VERSION
-from ms_llm.data.preprocess import SMALL_INPUT, describe_inputs, move_into_place, remove_stale_temps
+from ms_llm.data.overlap import SplitOverlap, shingle_tokens
+from ms_llm.data.preprocess import (SMALL_INPUT, describe_inputs, move_into_place, remove_stale_temps, write_error,
+                                   write_failure)
 from ms_llm.data.progress import Progress
 from ms_llm.data.shards import DEFAULT_SHARD_MB, ShardWriter
 from ms_llm.data.sources import Source, expand_inputs, is_jsonl
 from ms_llm.data.stats import SplitStats
 from ms_llm.data.templates import ChatTemplate, find_template
 from ms_llm.data.tokenizers import build_tokenizer
-from ms_llm.data.workers import default_workers, ordered_map
+from ms_llm.data.workers import WorkerDied, default_workers, ordered_map
 from ms_llm.errors import UserError
 
 SPLITS = ("train", "val")
@@ -81,14 +83,19 @@ def preprocess_conversations(source, output_dir, seq_length, tokenizer, fmt, val
     job = _Job(files, tok, template, fmt, seq_length + 1, val_fraction, skip_bad, pack, refuse_long, pad_id,
                0 if total < SMALL_INPUT else workers, shard_mb << 20, log)
     try:
-        try:
+        try:  # the failures the plain-text pipeline explains, explained the same way (data/preprocess.py)
             manifest = job.run(tmp)
-        except OSError as e:
-            raise UserError(f"writing the dataset for '{output_dir}' failed ({e.strerror or e}: {e.filename or tmp}). "
-                            f"Nothing was replaced: the partial dataset was removed. Free space or check that the "
-                            f"folder is writable, then run again.") from None
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
+            with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=1)
+        except (OSError, RuntimeError) as e:
+            error = write_error(e, tmp)
+            if error is None:
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # before measuring what is free
+            raise write_failure(error, output_dir, parent, None, 0.0) from None
+        except WorkerDied as e:
+            raise WorkerDied(f"{e} Nothing was replaced: the partial dataset was removed and any existing "
+                             f"'{output_dir}' is unchanged.") from None
         move_into_place(tmp, output_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -145,6 +152,9 @@ class _Job:
         writers = {s: ShardWriter(tmp, s, self.width, self.shard_bytes, COLUMNS) for s in SPLITS}
         packers = {s: ConversationPacker(self.width, self.pad_id, self.pack) for s in SPLITS}
         stats = {s: SplitStats(self.tok.vocab_size) for s in SPLITS}
+        # near-copies between the splits, over the response tokens: what the validation loss counts (every
+        # conversation shares the template's own text, which would read as copied)
+        overlap = SplitOverlap(shingle_tokens(self.tok.spec(), self.tok))
         progress = Progress(sum(s.size for s in sources), "preprocess", self.log)
         args = (self.tok.spec(), self.template.spec(), self.fmt, self.val_fraction)
         results = ordered_map(chat.encode_chunk, self.chunks(sources), self.workers, chat.init_worker, args)
@@ -163,6 +173,7 @@ class _Job:
                     split = "val" if enc.val[k] else "train"
                     stats[split].add_tokens(fitted[0])
                     stats[split].add_documents([len(fitted[0])])
+                    overlap.add(split, fitted[0][fitted[1] > 0])
                     writers[split].write(packers[split].add(*fitted))
         finally:
             results.close()
@@ -184,9 +195,10 @@ class _Job:
             raise UserError(f"data source {describe_inputs(self.files)}: every one of its {conversations:,} "
                             f"conversation(s) went to validation (val_fraction {self.val_fraction}, by a hash of "
                             f"each line). Use more conversations or a smaller --val-fraction.")
-        return self.manifest(sources, packers, stats, shards, seconds)
+        entry = overlap.result(stats["train"].counts, stats["val"].counts, self.log)
+        return self.manifest(sources, packers, stats, shards, seconds, entry)
 
-    def manifest(self, sources, packers, stats, shards, seconds):
+    def manifest(self, sources, packers, stats, shards, seconds, overlap):
         splits = {}
         for name in SPLITS:
             st = stats[name].to_dict()
@@ -215,6 +227,7 @@ class _Job:
             "split_method": "conversations by hash",
             "stats": {name: {k: v for k, v in stats[name].to_dict().items() if k not in ("documents", "tokens")}
                       for name in SPLITS},
+            "overlap": overlap,
             "source": source,
             "sources": files,
             "val_fraction": self.val_fraction,

@@ -33,6 +33,7 @@ from ms_llm.train.skipped_steps import RunHalted, SkippedSteps
 
 def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_only=False, hooks=()):
     """Train as `cfg` says (resuming `run_dir` when asked). Returns a summary dict on every rank."""
+    entered = time.time()  # the startup (setup, model, data) is accounted up to the start of training
     # A config the launch cannot run is refused by every rank at once (and by msrun's scheduler process), before
     # any of them waits for another.
     check_launch(cfg, launch_world_size(), select_device(cfg.context))
@@ -57,6 +58,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     meter = IntervalMeter(s.tokens_per_step, s.flops_per_token, s.peak_flops, rt.world_size, start, t.max_steps,
                           t_start=writer.t_start)
     meter.restore(host)
+    meter.startup_s = max(0.0, writer.t_start - entered)
     skips = SkippedSteps(s.cfg.precision)
     skips.resume(float(s.step_fn.state.loss_scale.asnumpy()))
     trun = TrainingRun(s, plan.run_dir, writer, log, plan.ckpt_rank)
@@ -70,13 +72,14 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
             for step in range(start, t.max_steps):
                 with meter.waiting():
                     batches = next_batches(s, step)
-                call(hooks, "before_step", trun, step, batches)
-                out = first_step(trun, meter, batches) if meter.compile_s is None else s.train_step(batches)
+                call(hooks, "before_step", trun, step, batches, times=meter.hook_s)
+                out = first_step(trun, meter, batches, fresh=step == 0) if meter.compile_s is None else \
+                    s.train_step(batches)
                 done = step + 1
                 meter.add(out, timed=done - start > 1)
                 skips.add(done, out)
                 saver.check()  # a background save that failed stops the run here
-                call(hooks, "after_step", trun, step, out, batches)
+                call(hooks, "after_step", trun, step, out, batches, times=meter.hook_s)
                 if done % min(t.log_interval, 8) == 0 or done == t.max_steps:  # a host sync every few steps
                     halt_if_stuck(skips, done, trun, saver, meter)
                 if done % t.log_interval == 0 or done == t.max_steps:
@@ -85,7 +88,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                     if s.finetune is not None:  # the share of target tokens the loss counts (train/finetune.py)
                         record.update(s.finetune.log_fields())
                     writer.write(record)
-                    call(hooks, "after_log", trun, record)
+                    call(hooks, "after_log", trun, record, times=meter.hook_s)
                 with meter.paused():
                     if t.eval_interval and done % t.eval_interval == 0 and done != t.max_steps:
                         val_loss = run_eval(trun, done, hooks)
@@ -143,6 +146,7 @@ def write_run_dir(plan, cfg, rt, start, manifest):
     info = os.path.join(plan.run_dir, "run_info.json")
     if not os.path.isfile(info):
         dataset = {"dir": os.path.abspath(cfg.data.dataset_dir), "stats": manifest.get("stats"),
+                   "overlap": manifest.get("overlap"),
                    "train_samples": manifest.get("splits", {}).get("train", {}).get("samples")}
         if manifest.get("format"):  # chat/instruction data: what diagnose's fine-tuning rules read
             dataset.update(format=manifest["format"], packed=manifest.get("packed"), finetune=manifest.get("finetune"),
@@ -177,14 +181,16 @@ def finish(trun, summary, saver):
 
 # --- per-step helpers ------------------------------------------------------------------------------------
 
-def first_step(trun, meter, batches):
+def first_step(trun, meter, batches, fresh):
     """The first step of this process compiles (or loads) the step's graphs: timed on its own. (A compile cache
-    entry that fails its checks is handled by the session itself: Session.first_step.)"""
+    entry that fails its checks is handled by the session itself: Session.first_step.) On a fresh run its loss is
+    the loss before any update (the step computes it on the initial weights), kept as initial_loss."""
     t0 = time.perf_counter()
     out = trun.session.train_step(batches)
-    out.loss.asnumpy()
-    meter.first_step(time.perf_counter() - t0)
-    trun.log(f"compiled the training step in {meter.compile_s:.1f} s")
+    loss = float(out.loss.asnumpy())
+    meter.first_step(time.perf_counter() - t0, loss if fresh else None)
+    trun.log(f"compiled the training step in {meter.compile_s:.1f} s" + (f"; loss before any update {loss:.4f}"
+                                                                        if fresh else ""))
     return out
 
 
@@ -225,8 +231,10 @@ def save(trun, saver, step, meter):
         os.makedirs(saver.directory, exist_ok=True)
         shutil.copy2(strategy, saver.directory)
     if s.rt.is_main or s.parallel.semi_auto:
+        t0 = time.perf_counter()
         saver.save(step, ckpt_state.capture(s), ckpt_state.describe(s, step, meter.host_state()))
-        trun.writer.write({"step": step, "event": "checkpoint"}, echo=False)
+        trun.writer.write({"step": step, "event": "checkpoint", "duration_s": round(time.perf_counter() - t0, 4)},
+                          echo=False)
 
 
 def preemption_agreed(rt, preemption):
@@ -240,9 +248,10 @@ def run_eval(trun, step, hooks):
     s = trun.session
     if not s.val:  # no validation batches (pipeline parallelism)
         return None
+    t0 = time.perf_counter()
     record = evaluate_session(s)  # masked for fine-tuning data; with data.extra_val's loss (train/finetune.py)
     val_loss = record["val_loss"]
-    trun.writer.write({"step": step, **record})
+    trun.writer.write({"step": step, **record, "duration_s": round(time.perf_counter() - t0, 4)})
     call(hooks, "after_eval", trun, step, val_loss)
     return val_loss
 

@@ -26,6 +26,7 @@ import statistics
 import yaml
 
 from ms_llm.errors import UserError
+from ms_llm.tune import folder_lock
 from ms_llm.tune import ladder_output as out
 from ms_llm.tune import trial as tr
 from ms_llm.tune.ladder_launch import Interrupted, Launcher, clock, move_aside
@@ -113,29 +114,6 @@ def open_ladder_dir(ladder_dir, ident, echo):
     return None
 
 
-def take_lock(ladder_dir):
-    from ms_llm.tune.sweep import alive
-
-    path = os.path.join(ladder_dir, LOCK)
-    try:
-        with open(path, encoding="utf-8") as f:
-            pid = int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        pid = 0
-    if pid and pid != os.getpid() and alive(pid):
-        raise UserError(f"--ladder-dir {ladder_dir} is being run by process {pid} (see {path}). Wait for it, or stop "
-                        f"it (its rung saves a checkpoint) and run this command again to resume.")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(str(os.getpid()))
-
-
-def release(ladder_dir):
-    try:
-        os.remove(os.path.join(ladder_dir, LOCK))
-    except OSError:
-        pass
-
-
 def this_machine():
     from ms_llm.config.schema import ContextConfig
     from ms_llm.train.context import device_target
@@ -221,11 +199,8 @@ def ladder(config, steps=100, rtol=0.0, ladder_dir=None, print_commands=False, e
         if previous is None:  # a record of the plan; an existing ladder.json keeps its results
             out.write_doc(doc_path, document(ident, "planned", recs, notes, rtol, None))
         return print_all(recs, config, ladder_dir, steps, echo)
-    take_lock(ladder_dir)
-    try:
+    with folder_lock.held(ladder_dir, LOCK, "--ladder-dir", "its rung saves a checkpoint"):
         return run_all(recs, ident, notes, rtol, ladder_dir, doc_path, config, echo, launcher_cls)
-    finally:
-        release(ladder_dir)
 
 
 def print_all(recs, config, ladder_dir, steps, echo):

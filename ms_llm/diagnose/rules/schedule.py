@@ -23,7 +23,7 @@ EPS_MAX, EPS_RMS_SHARE = 1e-5, 0.1  # eps above 1e-5 and above 10% of the RMS gr
 MIN_BATCH_TOKENS = 128      # tokens per optimizer step below this: gradient noise dominates
 
 SLOW, UNSTABLE = "slow", "unstable"
-SLOW_FINDINGS = ("slow_progress", "loss_not_falling", "loss_plateau")
+SLOW_FINDINGS = ("slow_progress", "loss_not_falling", "loss_plateau", "underfitting")
 UNSTABLE_FINDINGS = ("divergence", "loss_nonfinite", "loss_spikes")
 
 
