@@ -201,3 +201,19 @@ def test_no_chat_template_is_one_paragraph_and_exit_2(chat, tmp_path, capsys):
         from ms_llm.cli import cmd_preprocess, build_parser
         cmd_preprocess(build_parser().parse_args(["preprocess", "--input", a["chat"], "--seq-length", "8",
                                                   "--output-dir", str(tmp_path / "x"), "--no-pack"]))
+
+
+def test_sample_chat_prompt_is_the_training_rendering_up_to_the_reply(chat):
+    """`sample --chat` renders the prompt with the template the data was made with (the manifest's): its ids are the
+    training conversation's ids up to the first token the mask keeps, and it stops at the template's eos_token. A
+    dataset without a template is refused in one paragraph."""
+    from ms_llm.train.generate import chat_prompt
+
+    _, tok, template = chat
+    ids, mask = encode_conversation(tok, template, CONVERSATION[:2])
+    first_reply = int(np.argmax(mask))
+    prompt_ids, stop = chat_prompt({"chat_template": template.spec()}, tok, CONVERSATION[0]["content"], "R")
+    assert list(prompt_ids) == list(ids[:first_reply])
+    assert stop == tok.token_id("<|im_end|>")
+    with pytest.raises(UserError, match="no chat template"):
+        chat_prompt({}, tok, "hi", "R")
