@@ -163,6 +163,31 @@ def main():
     run(ms_llm + ["train"] + common + ["--set", "train.lr=3e-3", "--run-dir", os.path.join(w, "runs", "full")])
     run(ms_llm + ["train"] + common + ["--set", "train.lr=1e-2", "--set", "finetune.lora.rank=8",
                                        "--run-dir", os.path.join(w, "runs", "lora")])
+    run(ms_llm + ["data", "info", os.path.join(w, "data"), "--show-sample", "0"])
+    lora_ckpt = os.path.join(w, "runs", "lora", "checkpoints", "rank_0", f"step_{args.steps:08d}.ckpt")
+    run(ms_llm + ["convert", "--merge-lora", lora_ckpt, "--output", os.path.join(w, "merged")])
+    run(ms_llm + ["convert", "--to-hf", os.path.join(w, "merged", "model.ckpt"), "--output",
+                  os.path.join(w, "merged_hf")])
+    print(f"merged export parity: max |logits(transformers, merged) - logits(ms_llm, base + adapters)| = "
+          f"{merged_parity(os.path.join(w, 'runs', 'lora'), lora_ckpt, os.path.join(w, 'merged_hf')):.2e}")
+
+
+def merged_parity(run_dir, ckpt, hf_dir, length=64, seed=0):
+    """The largest logit difference between transformers running the merged export and ms_llm running the base with
+    the adapters of `ckpt`, on random ids."""
+    import mindspore as ms
+    import numpy as np
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ms_llm.train.run_model import load_run_model
+
+    cfg, model, _ = load_run_model(run_dir, checkpoint=ckpt, overrides=[f"model.seq_length={length}"])
+    ids = np.random.default_rng(seed).integers(0, cfg.model.vocab_size, (1, length)).astype(np.int32)
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        theirs = hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()[0]
+    return float(np.abs(model(ms.Tensor(ids)).asnumpy()[0] - theirs).max())
 
 
 if __name__ == "__main__":

@@ -139,6 +139,11 @@ def test_preprocess_chat_writes_mask_and_segments_the_reader_returns(chat, tmp_p
     assert ft["train"]["conversations"] + ft["val"]["conversations"] == 120 and ft["truncated"] == 0
     assert 0.2 < ft["train"]["loss_fraction"] < 0.6 and ft["train"]["samples"] < ft["train"]["conversations"]
     assert "<|im_start|>" in m["chat_template"]["text"] and m["pad_id"] == tok.token_id("<|endoftext|>")
+    # the splits' overlap is measured on the reply tokens alone, one stream per split (the shared template text
+    # would read as copied); `data info` then shows it instead of rebuilding it from the padded rows
+    k = m["overlap"]["shingle_tokens"]
+    assert m["overlap"]["train_shingles"] == ft["train"]["loss_tokens"] - k + 1
+    assert m["overlap"]["val_shingles"] == ft["val"]["loss_tokens"] - k + 1
     batch = next(TrainBatches(str(tmp_path / "d"), load_manifest(str(tmp_path / "d")), "train", 4, shuffle=False))
     assert isinstance(batch, Batch) and batch.ids.shape == batch.loss_mask.shape == batch.segments.shape == (4, 320)
     ids, mask, seg = batch.ids.asnumpy()[0], batch.loss_mask.asnumpy()[0], batch.segments.asnumpy()[0]
@@ -160,6 +165,12 @@ def test_no_pack_long_conversations_cut_or_refused_and_data_info(chat, tmp_path,
     assert main(["data", "info", str(tmp_path / "np")]) == 0
     out = capsys.readouterr().out
     assert "one conversation per sample" in out and "fill rate" in out and "longer than a sample and cut" in out
+    assert "overlap:" in out  # measured while preprocessing
+    del m["overlap"]  # a chat dataset made before it was: its padded rows are not one stream, so nothing is measured
+    json.dump(m, open(tmp_path / "np" / "manifest.json", "w"))
+    assert main(["data", "info", str(tmp_path / "np")]) == 0
+    assert "overlap:" not in capsys.readouterr().out
+    assert "overlap" not in json.load(open(tmp_path / "np" / "manifest.json"))
     assert main(args + ["--seq-length", "127", "--output-dir", str(tmp_path / "r"), "--refuse-long"]) == 2
     err = capsys.readouterr().err
     assert "chat.jsonl' line" in err and "longer than a sample" in err and not (tmp_path / "r").exists()
@@ -217,3 +228,26 @@ def test_sample_chat_prompt_is_the_training_rendering_up_to_the_reply(chat):
     assert stop == tok.token_id("<|im_end|>")
     with pytest.raises(UserError, match="no chat template"):
         chat_prompt({}, tok, "hi", "R")
+
+
+def test_a_full_disk_while_writing_chat_data_is_the_disk_full_paragraph(chat, tmp_path, monkeypatch, capsys):
+    """MindRecord reports a full disk as a RuntimeError: the chat pipeline explains it as plain-text preprocessing
+    does (one paragraph, exit 2), and the dataset already in the output folder is kept."""
+    from ms_llm.data.shards import ShardWriter
+
+    a, _, _ = chat
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+
+    def full_disk(self, samples):
+        raise RuntimeError("[ERROR] No free disk to be used while writing mindrecord files, available free disk "
+                           "size: 0")
+
+    monkeypatch.setattr(ShardWriter, "write", full_disk)
+    code = main(["preprocess", "--format", "chat", "--input", a["chat"], "--tokenizer", a["tok"], "--seq-length", "255",
+                 "--output-dir", str(out), "--workers", "1", "--overwrite"])
+    err = capsys.readouterr().err
+    assert code == 2 and "the disk is full" in err and "the partial dataset was removed" in err, err
+    assert "Traceback" not in err and (out / "manifest.json").read_text() == "{}"
+    assert [p.name for p in tmp_path.iterdir()] == ["d"]  # no temporary folder left

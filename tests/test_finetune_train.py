@@ -155,7 +155,7 @@ def test_lora_merged_export_gives_base_plus_adapters_in_transformers(lora_run, s
     code, out, err = cli("convert", "--to-hf", setup / "merged" / "model.ckpt", "--output", setup / "merged_hf")
     assert code == 0, err
     ids = np.random.default_rng(0).integers(0, 512, (1, 32)).astype(np.int32)
-    hf = AutoModelForCausalLM.from_pretrained(str(setup / "merged_hf"), torch_dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(setup / "merged_hf"), dtype=torch.float32).eval()
     with torch.no_grad():
         theirs = hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()[0]
     from ms_llm.train.run_model import load_run_model
