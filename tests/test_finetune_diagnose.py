@@ -75,6 +75,10 @@ def test_a_loss_over_the_prompts_is_named_from_the_config_and_the_counts(tmp_pat
     assert f.symptom == "the loss counts the prompts" and f.confidence == "high"
     assert any("99.0% of the target tokens" in e and "38.0%" in e for e in f.evidence)
     assert f.actions[0].startswith("--set finetune.loss_mask=true")
+    # the config says the mask is on, yet the loss counted nearly every token: the counts alone name it
+    f = ids(finetune_run(tmp_path / "on", frac=0.99))["prompt_in_loss"]
+    assert f.symptom == "the loss counts the prompts"
+    assert "the mask is on, yet the loss counted nearly every token" in f.evidence
 
 
 def test_prompt_loss_falling_faster_than_the_responses_gives_two_causes_and_the_experiment(tmp_path):
