@@ -251,3 +251,40 @@ def test_a_full_disk_while_writing_chat_data_is_the_disk_full_paragraph(chat, tm
     assert code == 2 and "the disk is full" in err and "the partial dataset was removed" in err, err
     assert "Traceback" not in err and (out / "manifest.json").read_text() == "{}"
     assert [p.name for p in tmp_path.iterdir()] == ["d"]  # no temporary folder left
+
+
+@pytest.mark.slow  # starts tokenizing workers
+def test_a_killed_worker_while_preprocessing_chat_is_named_and_nothing_is_replaced(chat, tmp_path, monkeypatch,
+                                                                                     capsys):
+    """The out-of-memory killer takes a tokenizing worker mid-run: the chat pipeline ends with the workers' paragraph
+    (which worker, its signal) plus the promise plain text makes: the old dataset is still there."""
+    import multiprocessing
+    import signal
+
+    import ms_llm.data.chat_preprocess as C
+    import ms_llm.data.sources as sources
+    from ms_llm.data.shards import ShardWriter
+
+    a, _, _ = chat
+    monkeypatch.setattr(C, "SMALL_INPUT", 0)  # workers even for a small input
+    monkeypatch.setattr(sources, "BLOCK", 4096)  # many chunks: the victim still has work when it is killed
+    src = write_jsonl(tmp_path / "c.jsonl", [json.loads(x) for x in open(a["chat"])] * 20)
+    out = tmp_path / "d"
+    out.mkdir()
+    (out / "manifest.json").write_text("{}")
+    killed, real_write = [], ShardWriter.write
+
+    def kill_a_worker_first(self, samples):
+        if not killed:
+            victim = multiprocessing.active_children()[0]
+            os.kill(victim.pid, signal.SIGKILL)
+            killed.append(victim.pid)
+        return real_write(self, samples)
+
+    monkeypatch.setattr(ShardWriter, "write", kill_a_worker_first)
+    code = main(["preprocess", "--format", "chat", "--input", src, "--tokenizer", a["tok"], "--seq-length", "255",
+                 "--output-dir", str(out), "--workers", "2", "--overwrite"])
+    err = capsys.readouterr().err
+    assert code == 2 and killed and f"(pid {killed[0]}) was killed by SIGKILL" in err, err
+    assert "any existing" in err and "Traceback" not in err and (out / "manifest.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl", "d"]  # no temporary folder left
