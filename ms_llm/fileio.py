@@ -1,5 +1,6 @@
 """Small file helpers shared by the data, checkpoint and run-directory code."""
 import hashlib
+import json
 import os
 
 
@@ -33,3 +34,14 @@ def run_config_path(run_dir):
             if m:
                 resumed.append((int(m.group(1)), name))
     return os.path.join(run_dir, max(resumed)[1] if resumed else "config.yaml")
+
+
+def read_versioned_json(path, fmt):
+    """The JSON object at `path` when its "format" is `fmt`; None when it is missing, unreadable or another format
+    (a sweep's or a ladder's own record: anything else in the folder is not theirs)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("format") == fmt else None

@@ -117,6 +117,7 @@ def test_preprocess_round_trip_through_mindrecord(dataset, corpus):
     assert m["source"]["sha256"] == sha(corpus)
 
 
+@pytest.mark.slow  # starts worker processes
 def test_workers_and_shard_boundaries_do_not_change_the_output(tmp_path, monkeypatch):
     """Many documents through 1 and 4 worker processes: identical shards (listed with checksums)."""
     monkeypatch.setattr(P, "SMALL_INPUT", 0)  # use worker processes even for this small corpus

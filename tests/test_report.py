@@ -76,6 +76,7 @@ def test_old_run_without_time_events_or_telemetry(tmp_path):
     assert np.allclose(ms, 1000 * 12 * 64 / tps)
 
 
+@pytest.mark.slow  # renders a 100k-step page
 def test_spikes_survive_thinning_and_the_page_stays_small(tmp_path):
     """100k steps logged every step: the page stays under 5 MB and the one-step spike is still drawn."""
     run = make_run(tmp_path / "long", steps=100_000, log_interval=1, spike_at=54_321, events=False, telemetry=False)

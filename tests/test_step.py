@@ -39,6 +39,7 @@ def params(model):
     return {n: p.asnumpy().copy() for n, p in model.parameters_and_names()}
 
 
+@pytest.mark.slow  # compiles training steps
 def test_injected_overflow_skips_update_and_halves_scale():
     model, step = make_step("precision.loss_scale=dynamic")
     before = params(model)
@@ -54,18 +55,21 @@ def test_injected_overflow_skips_update_and_halves_scale():
     assert any(not np.array_equal(before[k], v) for k, v in params(model).items())
 
 
+@pytest.mark.slow  # compiles training steps
 def test_dynamic_scale_grows_after_window_of_clean_steps():
     _, step = make_step("precision.loss_scale=dynamic", "precision.init_scale=8", "precision.scale_window=3")
     scales = [float(step(ms.Tensor(batch(4, s)))[3].asnumpy()) for s in range(7)]
     assert scales == [8, 8, 16, 16, 16, 32, 32]
 
 
+@pytest.mark.slow  # compiles training steps
 def test_static_and_no_scaling_keep_the_scale():
     for mode, init in (("static", 128.0), ("none", 1.0)):
         _, step = make_step(f"precision.loss_scale={mode}", "precision.init_scale=128")
         assert [float(step(ms.Tensor(batch(4, s)))[3].asnumpy()) for s in range(3)] == [init] * 3
 
 
+@pytest.mark.slow  # compiles training steps
 def test_loss_scale_does_not_change_the_update():
     m1, s1 = make_step("precision.loss_scale=none")
     m2, s2 = make_step("precision.loss_scale=static", "precision.init_scale=1024")
@@ -77,6 +81,7 @@ def test_loss_scale_does_not_change_the_update():
         np.testing.assert_allclose(p1[k], p2[k], rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.slow  # compiles training steps
 def test_accumulation_2x6_equals_1x12():
     m1, s1 = make_step("train.global_batch_size=12", "train.micro_batch_size=12")
     m2, s2 = make_step("train.global_batch_size=12", "train.micro_batch_size=6", accum=2)
@@ -96,6 +101,7 @@ def test_accumulation_2x6_equals_1x12():
         np.testing.assert_allclose(p1[k], p2[k], rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow  # compiles training steps
 def test_pipeline_step_on_one_device_equals_accumulation():
     # The pipelined step minus MindSpore's stage split: its micro-batch slicing, loss normalisation and the
     # loss scale fed as sens must give TrainStep's accumulated update (dynamic scale 2^16 on both).
@@ -115,6 +121,7 @@ def test_pipeline_step_on_one_device_equals_accumulation():
         np.testing.assert_allclose(p1[k], p2[k], rtol=0, atol=1e-4)
 
 
+@pytest.mark.slow  # compiles training steps
 def test_clipping_applies_to_the_accumulated_gradient():
     b = ms.Tensor(batch(8))
     _, s = make_step("train.clip_grad=0.01", "train.global_batch_size=8", "train.micro_batch_size=4", accum=2)
@@ -182,6 +189,7 @@ def test_the_lr_table_the_step_reads_is_the_schedule_written_out(schedule, decay
     np.testing.assert_allclose(table, expected, rtol=1e-6)
 
 
+@pytest.mark.slow  # compiles training steps
 def test_tiny_model_overfits_one_batch():
     _, s = make_step("train.lr=3e-3", "train.weight_decay=0")
     b = ms.Tensor(batch(8))
@@ -190,6 +198,7 @@ def test_tiny_model_overfits_one_batch():
     assert losses[-1] < 0.2 * losses[0]
 
 
+@pytest.mark.slow  # compiles training steps
 def test_anomaly_guard_skips_a_spiking_update_without_touching_the_weights():
     from ms_llm.config.schema import AnomalyConfig
 

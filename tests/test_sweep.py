@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import yaml
 
@@ -463,9 +464,12 @@ def test_lr_find_on_the_tiny_model(dataset, tmp_path):
     assert suggested == pytest.approx(result["suggested_lr"], rel=1e-2)
     assert result["steps_run"] < 60 and result["blowup_lr"] > result["steepest_lr"]  # stopped once it diverged
     points = [json.loads(ln) for ln in open(out / "lr_find.jsonl")]
-    # the rule, applied to the recorded points: the LR of the lowest smoothed loss, before the blow-up
-    lowest = min((p for p in points if p.get("smoothed") is not None), key=lambda p: p["smoothed"])
-    assert suggested == pytest.approx(lowest["lr"], rel=1e-2) and suggested < result["blowup_lr"]
+    # the rule, applied here to the recorded points: the LR of the lowest loss averaged over the 5 steps centred
+    # on it (a window of 2 on each side for this many steps), before the blow-up
+    losses, lrs = np.array([p["loss"] for p in points], dtype=np.float64), [p["lr"] for p in points]
+    smoothed = np.convolve(losses, np.ones(5) / 5, mode="valid")  # smoothed[i] is centred on step i + 2
+    lowest = lrs[int(np.argmin(smoothed)) + 2]
+    assert suggested == pytest.approx(lowest, rel=1e-2) and suggested < result["blowup_lr"]
     assert 1e-3 <= suggested <= 0.3, suggested  # the tiny model's loss falls fastest around 1e-2
     assert len(points) == result["steps_run"] and points[0]["lr"] == pytest.approx(1e-7)
     assert points[1]["lr"] / points[0]["lr"] == pytest.approx((1 / 1e-7) ** (1 / 59), rel=1e-6)

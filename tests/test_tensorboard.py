@@ -11,6 +11,7 @@ from ms_llm.monitor.tensorboard import INSTALL_HINT, TensorBoardWriter
 from synthetic_run import make_run
 
 
+@pytest.mark.slow  # imports TensorBoard's reader (seconds)
 def test_event_files_round_trip_the_metrics(tmp_path):
     pytest.importorskip("tensorboardX", reason="the optional writer: pip install -e '.[tensorboard]'")
     event_accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator",

@@ -282,6 +282,7 @@ def diff_runs(path_a, path_b):
 
 
 def flatten(d, prefix=""):
+    """Nested sections → {"section.key": value}; a None or empty nested section stays one key."""
     out = {}
     for k, v in (d or {}).items():
         key = f"{prefix}{k}"

@@ -15,7 +15,7 @@ import sys
 import time
 
 from ms_llm.tune.ladder_plan import train_command
-from ms_llm.tune.runner import child_setup, last_error
+from ms_llm.tune.runner import CatchesStopSignals, child_setup, last_error
 from ms_llm.tune.trial_progress import MetricsView, last_step
 
 POLL_S = 1.0
@@ -47,21 +47,12 @@ class Interrupted(Exception):
     pass
 
 
-class Launcher:
+class Launcher(CatchesStopSignals):
     """Runs rungs one at a time; `eta(rung_left_s)` is the ladder's estimate of everything after the rung."""
 
     def __init__(self, logs_dir, echo):
         self.logs_dir, self.echo = logs_dir, echo
         self.proc, self.signals, self.interrupted = None, 0, 0
-
-    def __enter__(self):
-        self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self.previous.items():
-            signal.signal(s, h)
-        return False
 
     def on_signal(self, signum, frame):
         self.interrupted += 1

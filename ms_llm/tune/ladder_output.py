@@ -5,7 +5,7 @@ import math
 import os
 import shlex
 
-from ms_llm.fileio import atomic_write_bytes
+from ms_llm.fileio import atomic_write_bytes, read_versioned_json
 from ms_llm.tune.ladder_launch import clock
 from ms_llm.tune.ladder_plan import show
 
@@ -18,12 +18,7 @@ SAME_WEIGHTS = ("precision.compute_dtype", "context.cpu_kernels")
 
 
 def read_doc(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+    return read_versioned_json(path, FORMAT)
 
 
 def write_doc(path, doc):

@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional, Tuple
 
+from ms_llm.rundir.reader import flatten
+
 EXACT, NOISE = "exact", "within noise"
 
 
@@ -127,18 +129,6 @@ class Rung:
         if not self.added:
             return "plain" if self.index == 0 else "plain, train.seed + 1 (the noise band)"
         return ", ".join(f"{k}: {show(a)} → {show(b)}" for k, (a, b) in self.added.items())
-
-
-def flatten(d, prefix=""):
-    """Nested sections → {"section.key": value}; a None or empty nested section stays one key."""
-    out = {}
-    for k, v in (d or {}).items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and v:
-            out.update(flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
 
 
 def unflatten(flat):

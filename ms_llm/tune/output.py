@@ -6,7 +6,7 @@ import os
 
 import yaml
 
-from ms_llm.fileio import atomic_write_bytes
+from ms_llm.fileio import atomic_write_bytes, read_versioned_json
 from ms_llm.tune.values import show
 
 FORMAT = "ms_llm.sweep/1"
@@ -57,12 +57,7 @@ def write_sweep_json(path, doc):
 
 
 def read_sweep_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return doc if isinstance(doc, dict) and doc.get("format") == FORMAT else None
+    return read_versioned_json(path, FORMAT)
 
 
 def write_best_config(spec, best, path):

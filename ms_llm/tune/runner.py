@@ -34,7 +34,21 @@ class Running:
         self.rungs = set()
 
 
-class Runner:
+class CatchesStopSignals:
+    """A context in which SIGINT and SIGTERM go to `self.on_signal` (between child processes too); the previous
+    handlers come back on exit."""
+
+    def __enter__(self):
+        self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self.previous.items():
+            signal.signal(s, h)
+        return False
+
+
+class Runner(CatchesStopSignals):
     def __init__(self, spec, sweep_dir, parallel, echo, on_result=None):
         self.spec, self.echo, self.on_result = spec, echo, on_result or (lambda rec: None)
         self.trials_dir = os.path.join(sweep_dir, "trials")
@@ -83,16 +97,6 @@ class Runner:
         return rec
 
     # -- the pool -----------------------------------------------------------------------------------------------
-
-    def __enter__(self):
-        """SIGINT/SIGTERM handled for the whole sweep (between trials too), see on_signal."""
-        self.previous = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        return self
-
-    def __exit__(self, *exc):
-        for s, h in self.previous.items():
-            signal.signal(s, h)
-        return False
 
     def pool(self, todo):
         pending, running, free = list(todo), {}, list(range(len(self.slots)))

@@ -68,7 +68,7 @@ def test_c_targets_not_shifted_fail_the_overfit_check_and_diagnose_points_to_lab
     r = overfit(tiny_cfg(dataset, "--set", "train.lr=3e-3"), samples=16, steps=60, echo=lambda *a: None)
     assert not r["passed"] and any("not shifted" in s for s in r["suspects"]), r
     train(tiny_cfg(dataset, "--set", "train.max_steps=60", "--set", "train.eval_interval=20"), tmp_path / "run")
-    first_cause(diagnose(tmp_path / "run"), "labels", "targets are not shifted", confidence="high")
+    first_cause(diagnose(tmp_path / "run"), "labels", "targets", "not shifted", confidence="high")
 
 
 def test_c_targets_shifted_twice_fail_the_overfit_check(dataset, patched_loss):
