@@ -64,13 +64,18 @@ def speeches(path=SHAKESPEARE):
     return out
 
 
-def conversations(n, turns=2, max_chars=240, seed=0):
-    """n chat records: `turns` exchanges of consecutive speeches each, at random places in the text."""
+def conversations(n, turns=2, max_chars=240, seed=0, part=(0.0, 1.0)):
+    """n chat records: `turns` exchanges of consecutive speeches each, from disjoint places in the fraction `part` of
+    the text (no speech in two conversations: overlapping windows would put near-copies in both splits)."""
     rng = random.Random(seed)
     sp = [s for s in speeches() if len(s[1]) <= max_chars]
+    sp = sp[int(part[0] * len(sp)):int(part[1] * len(sp))]
+    starts = list(range(0, len(sp) - 2 * turns + 1, 2 * turns))
+    rng.shuffle(starts)
+    if n > len(starts):
+        raise ValueError(f"{n} conversations of {turns} exchange(s) need more than the {len(sp)} speeches of the text")
     out = []
-    for _ in range(n):
-        i = rng.randrange(0, len(sp) - 2 * turns)
+    for i in starts[:n]:
         msgs = []
         for k in range(2 * turns):
             who, text = sp[i + k]
@@ -81,7 +86,8 @@ def conversations(n, turns=2, max_chars=240, seed=0):
 
 def write_chat_jsonl(path, n=200, seed=1, max_chars=110):
     """n chat records: the first half one exchange (user, assistant), the second half two."""
-    recs = conversations(n // 2, 1, max_chars, seed) + conversations(n - n // 2, 2, max_chars, seed + 1)
+    recs = (conversations(n // 2, 1, max_chars, seed, (0.0, 0.5))
+            + conversations(n - n // 2, 2, max_chars, seed + 1, (0.5, 1.0)))
     with open(path, "w", encoding="utf-8") as f:
         for rec in recs:
             f.write(json.dumps(rec) + "\n")
