@@ -46,7 +46,8 @@ def setup(tmp_path_factory):
     code, out, err = cli("convert", "--from-hf", d / "hf", "--output", d / "base")
     assert code == 0, err
     code, _, err = cli("preprocess", "--format", "chat", "--input", a["chat"], "--tokenizer", a["tok"],
-                       "--seq-length", SEQ, "--output-dir", d / "chat", "--workers", "1")
+                       "--seq-length", SEQ, "--output-dir", d / "chat", "--workers", "1",
+                       "--val-fraction", "0.2")  # 13 validation samples: the 2 evaluation batches of 4 need 8
     assert code == 0, err
     from ms_llm.data.preprocess import preprocess
 
