@@ -80,9 +80,20 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
         # MoE: what one token computes with (top_k of each MoE layer's experts); = parameters for a dense model
         "active_parameters": s.n_params - (ModelShape.from_config(s.cfg.model).inactive_expert_params()
                                            if s.cfg.model.moe is not None else 0),
+        **optimizer_memory(s),
         "device": s.rt.device_target,
         "world_size": s.rt.world_size,
     }
+
+
+def optimizer_memory(s):
+    """Trainable parameters and the bytes the optimizer's moments and the gradients hold, counted on the live tensors
+    of the step (with finetune.lora: the adapters' alone)."""
+    opt = s.step_fn.optimizer
+    moments = sum(int(np.prod(p.shape)) * p.itemsize for p in list(opt.exp_avg) + list(opt.exp_avg_sq))
+    trainable = sum(int(np.prod(p.shape)) for p in opt.params)
+    return {"trainable_parameters": trainable, "optimizer_state_bytes": moments,
+            "gradient_bytes": sum(int(np.prod(p.shape)) * p.itemsize for p in opt.params)}
 
 
 def format_report(r):
@@ -97,6 +108,8 @@ def format_report(r):
         f"  achieved        {r['tflops']:.3f} TFLOP/s per device = MFU {100 * r['mfu']:.1f}% "
         f"of {r['peak_tflops']:.2f} TFLOP/s",
         f"  peak memory     {r['peak_mem_gib']:.2f} GiB",
+        f"  trainable       {r['trainable_parameters']:,} of {r['parameters']:,} parameters; optimizer states "
+        f"{r['optimizer_state_bytes'] / 2**20:,.2f} MiB, gradients {r['gradient_bytes'] / 2**20:,.2f} MiB",
         f"  data wait       {100 * r['data_wait_frac']:.1f}% of step time",
         f"  checkpointing   {100 * r['save_frac']:.1f}% of step time (training thread)",
     ])

@@ -60,6 +60,7 @@ def cmd_preprocess(args):
         args.tokenizer = args.tokenizer or d.tokenizer
         args.val_fraction = args.val_fraction if args.val_fraction is not None else d.val_fraction
         args.text_field = args.text_field or d.text_field
+        args.format = args.format or d.format
     missing = [f"--{n.replace('_', '-')}" for n in ("input", "output_dir", "seq_length") if not getattr(args, n)]
     if missing:
         raise UserError(f"preprocess needs {', '.join(missing)} (or --config with data.source, data.dataset_dir and "
@@ -74,6 +75,18 @@ def cmd_preprocess(args):
     if args.shard_size_mb < 1:
         raise UserError(f"--shard-size-mb = {args.shard_size_mb} must be at least 1.")
     keep_large_arrays_off_the_heap()  # this process only preprocesses: its peak memory then stays flat
+    fmt = args.format or "text"
+    if fmt != "text":  # conversations: rendered with the chat template, loss mask and segment ids (docs/finetuning.md)
+        from ms_llm.data.chat_preprocess import preprocess_conversations
+
+        preprocess_conversations(args.input, args.output_dir, args.seq_length, args.tokenizer or "char", fmt, val,
+                                 args.overwrite, workers=args.workers, skip_bad=args.skip_bad,
+                                 shard_mb=args.shard_size_mb, pack=not args.no_pack, refuse_long=args.refuse_long,
+                                 chat_template=args.chat_template)
+        return
+    if args.no_pack or args.refuse_long or args.chat_template:
+        raise UserError("--no-pack, --refuse-long and --chat-template apply to --format chat or instruction only "
+                        "(plain text is one continuous stream of tokens).")
     preprocess(args.input, args.output_dir, args.seq_length, args.tokenizer or "char", val, args.text_field or "text",
                overwrite=args.overwrite, workers=args.workers, skip_bad=args.skip_bad, shard_mb=args.shard_size_mb)
 
@@ -82,7 +95,7 @@ def cmd_sample(args):
     from ms_llm.train.generate import sample
 
     for text in sample(args.run_dir, args.prompt, args.max_new_tokens, args.temperature, args.top_k, args.seed,
-                       args.num_samples, args.checkpoint):
+                       args.num_samples, args.checkpoint, args.chat):
         print(text)
         print("-" * 40)
 
@@ -122,6 +135,16 @@ def build_parser():
     p.add_argument("--skip-bad", action="store_true",
                    help="count and skip invalid JSON lines / undecodable bytes instead of stopping at the first")
     p.add_argument("--shard-size-mb", type=int, default=256, help="MindRecord shard size in MB of samples (default 256)")
+    p.add_argument("--format", choices=("text", "chat", "instruction"),
+                   help="text (default): documents; chat: JSONL of {\"messages\": [{\"role\", \"content\"}, ...]}; "
+                        "instruction: JSONL of {\"prompt\", \"response\"}. Conversations are rendered with the "
+                        "tokenizer's chat template and get a loss mask (docs/finetuning.md)")
+    p.add_argument("--no-pack", action="store_true", help="chat/instruction: one conversation per sample, padded "
+                                                          "(default: several per sample, kept apart by the model)")
+    p.add_argument("--refuse-long", action="store_true",
+                   help="chat/instruction: stop at a conversation longer than a sample (default: cut it, counted)")
+    p.add_argument("--chat-template", help="chat/instruction: a Jinja template file (default: the one beside the "
+                                           "tokenizer.json, in tokenizer_config.json or chat_template.jinja)")
     p.add_argument("--config", help="take the defaults above from a training config's data/model sections")
     add_set_argument(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --output-dir")
@@ -166,6 +189,8 @@ def build_parser():
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--checkpoint", help="a .ckpt file (default: the run's newest)")
+    p.add_argument("--chat", action="store_true", help="the prompt is the user's message, rendered with the chat "
+                                                       "template of the run's chat/instruction data; prints the reply")
     p.set_defaults(func=cmd_sample)
     return parser
 

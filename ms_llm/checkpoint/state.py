@@ -26,8 +26,16 @@ MUST_MATCH = {"model": ("arch", "num_layers", "hidden_size", "num_heads", "num_k
 
 def train_parameters(step_fn):
     """{name: Parameter} under the parameters' own names ("layers.0.attention.qkv.weight", "adam_m.<same>",
-    "loss_scale", ...): the names a model or optimizer gives them, not the wrapper cells' attribute paths."""
-    return {p.name: p for p in step_fn.get_parameters() if not p.name.startswith(TRANSIENT)}
+    "loss_scale", ...): the names a model or optimizer gives them, not the wrapper cells' attribute paths. The frozen
+    base weights of a LoRA run are not among them: its checkpoints hold the adapters (checkpoint/lora.py)."""
+    frozen = frozen_parameters(step_fn)
+    return {p.name: p for p in step_fn.get_parameters() if not p.name.startswith(TRANSIENT) and p.name not in frozen}
+
+
+def frozen_parameters(step_fn):
+    """Names of the model's parameters that do not train (LoRA's base weights; none in a plain run)."""
+    model = getattr(getattr(step_fn, "loss_fn", None), "model", None)
+    return set() if model is None else {p.name for p in model.get_parameters() if not p.requires_grad}
 
 
 def capture(session):
@@ -53,7 +61,16 @@ def describe(session, step, host_state):
         "rng": {"numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]],
                 "python": repr(random.getstate())},
         "host": host_state,
+        **lora_base(session),
     }
+
+
+def lora_base(session):
+    """{"lora_base": identity of the base weights} for a LoRA run's checkpoints (checkpoint/lora.py), else {}."""
+    from ms_llm.checkpoint.lora import BASE_KEY
+
+    base = getattr(getattr(session, "finetune", None), "base", None)
+    return {BASE_KEY: base} if base else {}
 
 
 def check_compatible(cfg, manifest, path):
@@ -74,7 +91,7 @@ def restore(session, arrays, path, weights_only=False, warn=print):
     import mindspore as ms
 
     params = train_parameters(session.step_fn)
-    model_names = {p.name for p in session.model.get_parameters()}
+    model_names = {p.name for p in session.model.get_parameters() if p.name in params}
     wanted = model_names if weights_only else set(params)
     missing = sorted(n for n in wanted if n not in arrays)
     shape_bad = sorted(f"{n} {tuple(arrays[n].shape)} vs {tuple(params[n].shape)}" for n in wanted

@@ -101,10 +101,18 @@ class DataConfig:
                                    "val_fraction (adding files moves none between splits); a single document keeps "
                                    "the last val_fraction of its tokens")
     text_field: str = opt("text", "JSONL key holding the document text")
+    format: str = opt("text", "what data.source holds: text (documents), chat (JSONL of {messages: [{role, content}]}) "
+                              "or instruction (JSONL of {prompt, response}); the last two are rendered with the "
+                              "tokenizer's chat template, with a loss mask on the responses (docs/finetuning.md)",
+                      choices=("text", "chat", "instruction"))
     num_workers: int = opt(1, "dataset reader threads")
     blend: Optional[List[List[Union[float, str]]]] = opt(
         None, "mix preprocessed datasets by weight, e.g. [[0.7, data/web], [0.3, data/code]] (null: dataset_dir "
               "alone); the mixture follows train.seed and resumes exactly")
+    extra_val: Optional[str] = opt(None, "a second validation set: a preprocessed dataset folder (same tokenizer, e.g. "
+                                         "plain text of the base model's domain) whose val split is evaluated at every "
+                                         "evaluation and logged as extra_val_loss; fine-tuning that makes the model "
+                                         "forget shows as it rising while the loss falls (null: none)")
 
 
 @dataclass(frozen=True)
@@ -190,6 +198,31 @@ class CheckpointConfig:
                                             "converted from Hugging Face); optimizer starts fresh")
 
 
+LORA_TARGETS = ("qkv", "out", "gate_up", "down", "up")  # the projections of ms_llm's models (ms_llm/nn/lora.py)
+
+
+@dataclass(frozen=True)
+class LoraConfig:
+    rank: int = opt(8, "rank r of each adapter: ΔW = (alpha / r) · B A with A (r, in), B (out, r)")
+    alpha: float = opt(16.0, "scale of the adapters' output, divided by rank")
+    dropout: float = opt(0.0, "dropout on the adapters' input")
+    targets: List[str] = opt(list(LORA_TARGETS),
+                             "projections that get an adapter, by their name in the model: qkv, out (attention), "
+                             "gate_up, down (llama MLP), up, down (gpt2 MLP)")
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    loss_mask: bool = opt(True, "with a chat/instruction dataset: the loss counts the response tokens only (its "
+                                "loss_mask column); false: every token, prompts included")
+    document_mask: bool = opt(True, "with packed chat/instruction samples: attention stays inside each conversation "
+                                    "and positions restart at each; false: plain causal attention over the whole "
+                                    "sample (conversations see each other; for measuring the mask's cost)")
+    lora: Optional[LoraConfig] = opt(None, "LoRA adapters on the attention and MLP projections, base weights frozen, "
+                                           "e.g. {rank: 8, alpha: 16} (null: full fine-tuning; needs "
+                                           "checkpoint.load_weights)")
+
+
 @dataclass(frozen=True)
 class ProfileConfig:
     start_step: int = opt(10, "first profiled step (after this many steps have run; past the compile)")
@@ -250,5 +283,6 @@ class Config:
     parallel_config: ParallelConfig = field(default_factory=ParallelConfig)
     recompute_config: RecomputeConfig = field(default_factory=RecomputeConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     context: ContextConfig = field(default_factory=ContextConfig)

@@ -92,10 +92,29 @@ def validate_config(cfg):
     if prof is not None and not 0 <= prof.start_step < prof.stop_step:
         raise UserError(f"monitor.profile: start_step = {prof.start_step}, stop_step = {prof.stop_step}: need "
                         f"0 <= start_step < stop_step (start after the first step to keep compilation out).")
+    check_finetune(cfg.finetune)
     if cfg.checkpoint.save_interval < 0 or cfg.checkpoint.keep_last < 1:
         raise UserError(f"checkpoint.save_interval = {cfg.checkpoint.save_interval} must be >= 0 and "
                         f"checkpoint.keep_last = {cfg.checkpoint.keep_last} must be >= 1.")
     return cfg
+
+
+def check_finetune(ft):
+    """finetune.lora's values (the checks against data and layout are ms_llm.train.finetune.check's)."""
+    lora = ft.lora
+    if lora is None:
+        return
+    from ms_llm.config.schema import LORA_TARGETS as TARGETS
+
+    if lora.rank <= 0 or lora.alpha <= 0 or not 0 <= lora.dropout < 1:
+        raise UserError(f"finetune.lora: rank = {lora.rank}, alpha = {lora.alpha}, dropout = {lora.dropout}: need a "
+                        f"positive rank and alpha and 0 <= dropout < 1 (e.g. rank 8, alpha 16, dropout 0.05).")
+    unknown = [t for t in lora.targets if t not in TARGETS]
+    if unknown or not lora.targets:
+        raise UserError(f"finetune.lora.targets = {lora.targets}: "
+                        + (f"{', '.join(map(repr, unknown))} is not a projection of ms_llm's models" if unknown
+                           else "empty") + f". Choose among {', '.join(TARGETS)} (qkv, out: attention; gate_up, "
+                        f"down: llama MLP; up, down: gpt2 MLP).")
 
 
 def head_dim(m):

@@ -17,6 +17,13 @@ def cmd_data_info(args):
         from ms_llm.config import load_config
 
         cfg = load_config(args.config, args.overrides)
+    if args.show_sample is not None:  # a fine-tuning sample with its loss mask (docs/finetuning.md)
+        from ms_llm.data.chat_pack import sample_lines
+        from ms_llm.data.manifest import load_manifest
+
+        for line in sample_lines(args.dataset_dir, load_manifest(args.dataset_dir, verify=False), args.show_sample):
+            print(line)
+        return
     for line in info(args.dataset_dir, cfg):
         print(line)
 
@@ -51,6 +58,8 @@ def add_parsers(sub):
     d = dsub.add_parser("info", help="documents, tokens, samples, length histogram, unigram entropy; epochs of a run")
     d.add_argument("dataset_dir")
     d.add_argument("--config", help="a training config: how many epochs its run covers")
+    d.add_argument("--show-sample", type=int, metavar="N", help="chat/instruction data: print training sample N with "
+                                                              "its loss mask and conversation boundaries")
     add_set_argument(d)
     d.set_defaults(func=cmd_data_info)
     d = dsub.add_parser("adopt", help="write a manifest for MindRecord files with an input_ids column (e.g. "

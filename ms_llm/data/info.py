@@ -45,6 +45,10 @@ def info(dataset_dir, cfg=None):
     if hist:
         lines.append("document lengths (train):")
         lines += histogram_lines(hist)
+    if m.get("finetune"):
+        from ms_llm.data.chat_pack import info_lines
+
+        lines += info_lines(m)
     lines += overlap_lines(dataset_dir, m)
     if m.get("bad_lines"):
         lines.append(f"bad lines skipped while preprocessing: {m['bad_lines']:,}")
@@ -72,7 +76,9 @@ def overlap_lines(dataset_dir, m):
     from ms_llm.data import overlap
 
     entry, note = m.get("overlap"), ""
-    if not entry and "val" in m["splits"] and m["splits"]["val"].get("samples"):
+    # rebuilt from the rows as one stream, which conversation samples (padded, not overlapping) are not: their
+    # overlap is measured while preprocessing only
+    if not entry and not m.get("format") and "val" in m["splits"] and m["splits"]["val"].get("samples"):
         from ms_llm.data.progress import Progress
 
         tokens = sum(s.get("tokens") or (s["samples"] * m["seq_length"]) for s in m["splits"].values())

@@ -12,6 +12,8 @@ number. The indices are handed to `MindDataset` (over all shard files of the spl
 through a `SubsetSampler`, one bounded chunk at a time, so start-up time and memory do not grow with the
 dataset, and reading and batching stay in MindSpore's C++ pipeline.
 """
+from typing import Any, NamedTuple
+
 import numpy as np
 
 from ms_llm.data.blend import BlendStream
@@ -78,12 +80,28 @@ def open_stream(dataset_dir, manifest, split, dp, rank, seed, shuffle):
     return SplitStream(dataset_dir, manifest, split, dp, rank, seed, shuffle)
 
 
-def make_dataset(files, indices, micro_batch, num_workers=1):
+def make_dataset(files, indices, micro_batch, num_workers=1, columns=("input_ids",)):
     import mindspore.dataset as ds
 
-    data = ds.MindDataset(list(files), columns_list=["input_ids"], sampler=ds.SubsetSampler(indices.tolist()),
+    data = ds.MindDataset(list(files), columns_list=list(columns), sampler=ds.SubsetSampler(indices.tolist()),
                           num_parallel_workers=num_workers)
     return data.batch(micro_batch, drop_remainder=True)
+
+
+class Batch(NamedTuple):
+    """A fine-tuning micro-batch (a dataset with a loss_mask column, ms_llm.data.chat_pack): ids, loss mask and
+    segment ids, each (micro_batch, seq_length+1) int32 Tensors. `asnumpy()` and `shape` are the ids', so the
+    tools that only read token ids take it as they take a plain batch."""
+    ids: Any
+    loss_mask: Any
+    segments: Any
+
+    def asnumpy(self):
+        return self.ids.asnumpy()
+
+    @property
+    def shape(self):
+        return self.ids.shape
 
 
 class TrainBatches:
@@ -100,6 +118,7 @@ class TrainBatches:
         self.micro_batch, self.dp, self.num_workers = micro_batch, dp, num_workers
         self.shuffle = shuffle  # the training stream; validation batches are read in order
         self.width = (seq_length or manifest["seq_length"]) + 1
+        self.columns = tuple(manifest.get("columns") or ("input_ids",))  # fine-tuning data: + loss_mask, segment_ids
         self.chunk = max(1, min(MAX_CHUNK // micro_batch, self.num_samples // (dp * micro_batch))) * micro_batch
         self.seek(consumed)  # this rank's stream position
 
@@ -125,8 +144,8 @@ class TrainBatches:
                 stop()
             self._it = None
         idx = self.stream.indices(self.q, self.q + self.chunk)
-        self._it = make_dataset(self.files, idx, self.micro_batch, self.num_workers).create_tuple_iterator(
-            num_epochs=1, output_numpy=True)
+        self._it = make_dataset(self.files, idx, self.micro_batch, self.num_workers, self.columns
+                                ).create_tuple_iterator(num_epochs=1, output_numpy=True)
         self._left = self.chunk // self.micro_batch
 
     def __iter__(self):
@@ -137,12 +156,13 @@ class TrainBatches:
 
         if self._left == 0:
             self._next_chunk()
-        (batch,) = next(self._it)
+        columns = next(self._it)
         self._left -= 1
         self.q += self.micro_batch
-        if batch.shape[1] != self.width:
-            batch = batch[:, : self.width]
-        return ms.Tensor(batch)
+        columns = [c[:, : self.width] if c.shape[1] != self.width else c for c in columns]
+        if len(columns) == 1:
+            return ms.Tensor(columns[0])
+        return Batch(*(ms.Tensor(c) for c in columns))
 
 
 def eval_batches(dataset_dir, manifest, micro_batch, num_batches, dp=1, rank=0, seq_length=None, num_workers=1,

@@ -61,12 +61,16 @@ def rows_per_group(sample_length):
 
 
 class ShardWriter:
-    """Appends samples to a split's shards in `directory`; `close()` returns the manifest entries."""
+    """Appends samples to a split's shards in `directory`; `close()` returns the manifest entries.
 
-    def __init__(self, directory, split, sample_length, shard_bytes=DEFAULT_SHARD_MB << 20):
+    `columns`: the int32 columns of a row, each `sample_length` wide; with more than one (fine-tuning data: ids,
+    loss mask, segment ids) `write` takes samples of shape (n, len(columns), sample_length)."""
+
+    def __init__(self, directory, split, sample_length, shard_bytes=DEFAULT_SHARD_MB << 20, columns=("input_ids",)):
         self.dir, self.split, self.width = directory, split, sample_length
-        self.per_shard = max(1, shard_bytes // (4 * sample_length))
-        self.group = rows_per_group(sample_length)
+        self.columns = tuple(columns)
+        self.per_shard = max(1, shard_bytes // (4 * sample_length * len(self.columns)))
+        self.group = rows_per_group(sample_length * len(self.columns))
         self.pending, self.npending = [], 0
         self.written = []  # (file name, samples) of the shards committed so far, in order
         self.writer, self.in_shard, self.index_later = None, 0, None
@@ -91,8 +95,11 @@ class ShardWriter:
             if self.index_later is None:  # asked here: it imports MindSpore
                 self.index_later = index_generator() is not None
             path = os.path.join(self.dir, shard_name(self.split, len(self.written)))
-            self.writer = open_writer(path, self.width, self.index_later)
-        self.writer.write_raw_data([{"input_ids": row} for row in group])
+            self.writer = open_writer(path, self.width, self.index_later, self.columns)
+        if len(self.columns) == 1:
+            self.writer.write_raw_data([{"input_ids": row} for row in group])
+        else:
+            self.writer.write_raw_data([dict(zip(self.columns, row)) for row in group])
         self.in_shard += n
 
     def _finish_shard(self):
@@ -123,7 +130,7 @@ def import_mindrecord():
     importlib.import_module("mindspore.mindrecord")
 
 
-def open_writer(path, width, index_later=False):
+def open_writer(path, width, index_later=False, columns=("input_ids",)):
     """A MindRecord writer for `path`; with `index_later` its commit() writes the data file only (build_index)."""
     from mindspore.mindrecord import FileWriter
 
@@ -131,7 +138,7 @@ def open_writer(path, width, index_later=False):
     # the 32 MiB page + 16 MiB header defaults would pad a small shard to 50 MB on disk
     writer.set_page_size(1 << 20)
     writer.set_header_size(1 << 20)
-    writer.add_schema({"input_ids": {"type": "int32", "shape": [width]}}, "packed_tokens")
+    writer.add_schema({c: {"type": "int32", "shape": [width]} for c in columns}, "packed_tokens")
     if index_later:
         writer._index_generator = False  # FileWriter's own switch for the index step of commit()
     return writer

@@ -55,6 +55,10 @@ class CharTokenizer:
     def encode_batch(self, texts):
         return [self.encode(t) for t in texts]
 
+    def encode_with_offsets(self, text):
+        """(ids, [(start, end)] character offsets of each token): what chat masks are made from."""
+        return self.encode(text), [(i, i + 1) for i in range(len(text))]
+
     def decode(self, ids):
         return "".join(self.chars[i] if i < len(self.chars) else "\n" for i in map(int, ids))
 
@@ -74,6 +78,11 @@ class ByteTokenizer:
 
     def encode_batch(self, texts):
         return [self.encode(t) for t in texts]
+
+    def encode_with_offsets(self, text):
+        """(ids, character offsets): every byte of a character gets that character's (start, end)."""
+        offsets = [(i, i + 1) for i, c in enumerate(text) for _ in c.encode("utf-8", "surrogatepass")]
+        return self.encode(text), offsets
 
     def decode(self, ids):
         return bytes(int(i) for i in ids if int(i) < 256).decode("utf-8", errors="replace")
@@ -134,6 +143,19 @@ class HFTokenizer:
 
     def encode_batch(self, texts):
         return [np.asarray(e.ids, dtype=np.int32) for e in self._batch(texts, add_special_tokens=False)]
+
+    def encode_with_offsets(self, text):
+        """(ids, [(start, end)] character offsets of each token), as transformers' fast tokenizers report them."""
+        e = self.tok.encode(text, add_special_tokens=False)
+        return np.asarray(e.ids, dtype=np.int32), list(e.offsets)
+
+    def token_id(self, token):
+        """The id of a token of the vocabulary (a special token of a chat template), or None."""
+        return self.tok.token_to_id(token)
+
+    def decode_all(self, ids):
+        """Every token's text, special tokens included (a chat template's <|im_end|> is the end-of-document id)."""
+        return self.tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def decode(self, ids):
         return self.tok.decode([int(i) for i in ids if int(i) != self.eod_id])

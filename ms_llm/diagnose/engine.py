@@ -13,6 +13,7 @@ list of `Finding`s or None:
   rules/device.py          temperature, host contention, unsupported operators and OOM in logs/, speedup
   rules/schedule.py        schedule and optimizer settings: findings when the curve shows them, else notes
   rules/moe.py             mixture of experts: router collapse, dead experts, dropped tokens, aux loss too weak/strong
+  rules/finetune.py        fine-tuning: a mask that keeps no tokens, prompts in the loss, drift from the base model
 
 Causes carry a confidence (common.cause) from the evidence for them (causes.py). The thresholds
 are module constants, each documented (with the reason for its value) in docs/debugging.md; they were set so that
@@ -22,6 +23,7 @@ import os
 
 from ms_llm.diagnose.common import SEVERITY_ORDER, memoised, memory_limit_gib
 from ms_llm.diagnose.rules.device import rule_logs, rule_speedup, rule_temperature, scan_logs
+from ms_llm.diagnose.rules.finetune import rule_finetune
 from ms_llm.diagnose.rules.generalisation import rule_generalisation, rule_leakage
 from ms_llm.diagnose.rules.loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes, rule_start
 from ms_llm.diagnose.rules.moe import rule_moe
@@ -79,9 +81,9 @@ def exit_code(findings):
 
 
 RULES = [rule_start, rule_nonfinite, rule_divergence, rule_moe, rule_underfitting, rule_progress, rule_siblings,
-         rule_labels, rule_generalisation, rule_leakage, rule_spikes, rule_data_wait, rule_uneven, rule_temperature, rule_low_mfu,
-         rule_loss_scale, rule_memory, rule_memory_growth, rule_always_clipped, rule_stats, rule_logs, rule_speedup,
-         rule_wall_time, rule_machine_speed, rule_schedule, rule_events]
+         rule_labels, rule_finetune, rule_generalisation, rule_leakage, rule_spikes, rule_data_wait, rule_uneven,
+         rule_temperature, rule_low_mfu, rule_loss_scale, rule_memory, rule_memory_growth, rule_always_clipped,
+         rule_stats, rule_logs, rule_speedup, rule_wall_time, rule_machine_speed, rule_schedule, rule_events]
 
 
 def format_report(run_dir, run, findings):

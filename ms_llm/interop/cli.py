@@ -10,11 +10,16 @@ def cmd_convert(args):
     from ms_llm.interop import huggingface
 
     modes = [m for m in ("from_hf", "to_hf", "split", "merge", "from_mindformers_config", "from_mindformers",
-                         "to_mindformers") if getattr(args, m)]
+                         "to_mindformers", "merge_lora") if getattr(args, m)]
     if len(modes) != 1:
         raise UserError("convert needs exactly one of --from-hf HF_DIR, --to-hf CHECKPOINT, --split CHECKPOINT, "
-                        "--merge SHARD_DIR, --from-mindformers-config YAML, --from-mindformers CKPT or "
-                        "--to-mindformers CHECKPOINT.")
+                        "--merge SHARD_DIR, --from-mindformers-config YAML, --from-mindformers CKPT, "
+                        "--to-mindformers CHECKPOINT or --merge-lora CHECKPOINT.")
+    if args.merge_lora:  # a LoRA run's adapters folded into its base weights (docs/finetuning.md)
+        from ms_llm.interop.lora_merge import merge_lora_checkpoint
+
+        merge_lora_checkpoint(args.merge_lora, args.output, args.format)
+        return None
     if args.split or args.merge:
         return reshard(args)
     if args.from_mindformers_config:
@@ -92,7 +97,7 @@ def add_parsers(subparsers):
                                     "YAML); with --split/--merge: the config whose parallel_config gives the layout")
     p.add_argument("--output", required=True, help="folder to write (with --from-mindformers-config: the YAML file)")
     p.add_argument("--format", choices=("ckpt", "safetensors"), default="ckpt",
-                   help="with --from-hf / --from-mindformers: the file format written")
+                   help="with --from-hf / --from-mindformers / --merge-lora: the file format written")
     mode.add_argument("--from-mindformers-config", metavar="YAML",
                       help="a MindFormers Llama YAML → an ms_llm config (--output C.yaml); prints what became of "
                            "every key")
@@ -104,6 +109,9 @@ def add_parsers(subparsers):
                            "--strategy) → DIR/model.ckpt + config.yaml; needs --config")
     mode.add_argument("--to-mindformers", metavar="CHECKPOINT",
                       help="an ms_llm checkpoint → MindFormers names in DIR/rank_0/model.ckpt")
+    mode.add_argument("--merge-lora", metavar="CHECKPOINT",
+                      help="a checkpoint of a finetune.lora run → DIR/model.ckpt with the adapters merged into the "
+                           "base weights (+ config.yaml), ready for --to-hf")
     p.add_argument("--strategy", metavar="PATH", help="with --from-mindformers DIR: the strategy file of the sharded "
                                                       "run (or the folder of per-stage files)")
     p.add_argument("--fused-layout", choices=("grouped", "concatenated"),

@@ -36,6 +36,29 @@ def causal_mask(seq_length, window=None):
     return mask
 
 
+class DocumentMask(nn.Cell):
+    """Packed samples (fine-tuning): segment ids (B, T) int32, the document each token belongs to, → (document bias
+    (B, 1, T, T) float32: 0 where query i and key j are in the same document, MASKED elsewhere; positions (B, T)
+    int32: each token's index within its document). Added to `causal_mask` (and the sliding window) by every
+    layer, it makes attention block-diagonal: no token sees another conversation, and RoPE / learned positions
+    restart at 0 at each document. Built once per forward from the ids, so nothing (B, T, T) travels from the host.
+
+    MindSpore has no fused variable-length kernel on CPU or GPU, so the bias is a dense (B, T, T) tensor and the
+    scores of masked blocks are still computed (docs/finetuning.md measures the cost). On Ascend,
+    FlashAttentionScore takes the document lengths instead (actual_seq_qlen / actual_seq_kvlen with the TND
+    layout) and skips masked blocks; ms_llm does not use that path yet: with a document bias the layer takes the
+    composed attention."""
+
+    def construct(self, segments):
+        t = segments.shape[1]
+        same = segments.expand_dims(2) == segments.expand_dims(1)  # (B, T, T)
+        index = ops.arange(t, dtype=ms.int32)
+        before = index.expand_dims(1) > index.expand_dims(0)  # key j strictly before query i
+        positions = (same & before).astype(ms.int32).sum(-1)  # same-document tokens before i
+        bias = ops.select(same, ops.zeros(same.shape, ms.float32), ops.fill(ms.float32, same.shape, MASKED))
+        return bias.expand_dims(1), positions
+
+
 class AttentionCore(nn.Cell):
     """softmax(q k^T / sqrt(d) + causal mask) v on (B, H, T, D) heads: the part selective recompute
     recomputes and tensor parallelism splits by head. Its primitives are attributes so that
@@ -51,6 +74,8 @@ class AttentionCore(nn.Cell):
         self.flash = use_flash_attention(compute_dtype, head_dim, dropout, backend, window)
         if self.flash:  # 1 = masked, upper triangle: the compressed causal mask of sparse_mode=2
             self.mask = ms.Tensor(np.triu(np.ones((FLASH_MASK, FLASH_MASK), np.uint8), 1))
+            # packed documents take the composed path, which needs the float mask too
+            self.float_mask = ms.Tensor(causal_mask(seq_length, window))
         else:
             self.mask = ms.Tensor(causal_mask(seq_length, window))
         self.qk = ops.BatchMatMul(transpose_b=True)
@@ -58,21 +83,25 @@ class AttentionCore(nn.Cell):
         self.softmax = ops.Softmax(-1)
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
-    def scores(self, q, k):
+    def scores(self, q, k, documents=None):
         """Masked attention logits in float32. q is scaled before the matmul so that float16 scores
-        overflow sqrt(head_dim) times later than with the scale applied after."""
+        overflow sqrt(head_dim) times later than with the scale applied after. `documents`: a DocumentMask bias."""
         t = q.shape[2]
-        return self.qk(q * self.scale, k).astype(ms.float32) + self.mask[:t, :t]
+        mask = self.float_mask if self.flash else self.mask
+        scores = self.qk(q * self.scale, k).astype(ms.float32) + mask[:t, :t]
+        if documents is not None:
+            scores = scores + documents
+        return scores
 
-    def construct(self, q, k, v):
-        if self.flash:  # softmax statistics are kept in float32 inside the kernel; GQA is native
+    def construct(self, q, k, v, documents=None):
+        if self.flash and documents is None:  # softmax statistics are kept in float32 inside the kernel; GQA native
             return ops.flash_attention_score(q, k, v, self.num_heads, attn_mask=self.mask, scalar_value=self.scale,
                                              input_layout="BNSD", sparse_mode=2)
         if self.groups > 1:
             b, kv, t, d = k.shape
             k = ops.broadcast_to(k.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
             v = ops.broadcast_to(v.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
-        probs = self.dropout(self.softmax(self.scores(q, k))).astype(self.dtype)
+        probs = self.dropout(self.softmax(self.scores(q, k, documents))).astype(self.dtype)
         return self.pv(probs, v)
 
 
@@ -103,7 +132,8 @@ class CausalSelfAttention(nn.Cell):
         self.flash = self.core.flash
         self.resid_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
-    def construct(self, x):
+    def construct(self, x, documents=None, positions=None):
+        """`documents`, `positions`: DocumentMask's outputs for packed samples (None: one sequence per row)."""
         b, t, _ = x.shape
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x).reshape(b, t, h + 2 * kv, d).transpose(0, 2, 1, 3)  # (B, H+2KV, T, D)
@@ -111,6 +141,6 @@ class CausalSelfAttention(nn.Cell):
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
-            q, k = self.rope(q), self.rope(k)
-        y = self.core(q, k, v).transpose(0, 2, 1, 3).reshape(b, t, h * d)
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        y = self.core(q, k, v, documents).transpose(0, 2, 1, 3).reshape(b, t, h * d)
         return self.resid_dropout(self.out(y))

@@ -43,9 +43,14 @@ class RotaryEmbedding(nn.Cell):
         self.cos, self.sin = ms.Tensor(cos), ms.Tensor(sin)
         self.half = head_dim // 2
 
-    def construct(self, x):
-        """x: (B, H, T, D) → same shape, rotated by position."""
+    def construct(self, x, positions=None):
+        """x: (B, H, T, D) → same shape, rotated by position: 0..T-1, or `positions` (B, T) (packed documents,
+        each starting at 0)."""
         t = x.shape[2]
-        cos, sin = self.cos[:t].astype(x.dtype), self.sin[:t].astype(x.dtype)
+        if positions is None:
+            cos, sin = self.cos[:t].astype(x.dtype), self.sin[:t].astype(x.dtype)
+        else:  # (B, 1, T, D): one table row per token, broadcast over heads
+            cos = ops.gather(self.cos, positions, 0).expand_dims(1).astype(x.dtype)
+            sin = ops.gather(self.sin, positions, 0).expand_dims(1).astype(x.dtype)
         rotated = ops.concat((-x[..., self.half:], x[..., : self.half]), -1)
         return x * cos + rotated * sin

@@ -2,6 +2,7 @@
 import mindspore as ms
 from mindspore import nn, ops
 
+from ms_llm.nn.attention import DocumentMask
 from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.init import normal
 
@@ -16,8 +17,8 @@ class DecoderLayer(nn.Cell):
         self.attn_norm, self.attention = attn_norm, attention
         self.mlp_norm, self.mlp = mlp_norm, mlp
 
-    def construct(self, x):
-        x = x + self.attention(self.attn_norm(x))
+    def construct(self, x, documents=None, positions=None):
+        x = x + self.attention(self.attn_norm(x), documents, positions)
         return x + self.mlp(self.mlp_norm(x))
 
 
@@ -44,8 +45,8 @@ class MoEDecoderLayer(DecoderLayer):
 
     routed = True
 
-    def construct(self, x):
-        x = x + self.attention(self.attn_norm(x))
+    def construct(self, x, documents=None, positions=None):
+        x = x + self.attention(self.attn_norm(x), documents, positions)
         y, aux, stats = self.mlp(self.mlp_norm(x))
         return x + y, aux, stats
 
@@ -93,7 +94,9 @@ class CausalLM(nn.Cell):
     """Token ids (B, T) int32 → logits (B, T, V) float32.
 
     `positions` is an optional learned position table (GPT-2); `layers` the decoder layers; the LM head
-    reuses the token embedding when `tie_embeddings`.
+    reuses the token embedding when `tie_embeddings`. With `segments` (B, T) int32, the document each token
+    belongs to (packed fine-tuning samples), attention stays within a document and positions restart at each
+    (DocumentMask); without, each row is one sequence.
     """
 
     def __init__(self, vocab_size, hidden, layers, final_norm, init_std=0.02, tie_embeddings=True,
@@ -113,28 +116,33 @@ class CausalLM(nn.Cell):
         self.embedding_gather = ops.Gather()
         self.num_moe_layers = sum(1 for layer in layers if layer.routed)
         self.router_experts = next((layer.mlp.num_experts for layer in layers if layer.routed), 0)
+        self.document_mask = DocumentMask()
 
-    def hidden_states(self, ids):
+    def hidden_states(self, ids, segments=None):
         """(embedding output, each layer's output, final norm output): the residual stream layer by layer."""
-        return self.run_layers(ids)[0]
+        return self.run_layers(ids, segments)[0]
 
-    def run_layers(self, ids):
+    def run_layers(self, ids, segments=None):
         """(hidden states as `hidden_states` returns them, router aux loss averaged over the MoE layers, the MoE
         layers' router statistics as a tuple of rows)."""
         t = ids.shape[1]
         x = self.embedding_gather(self.embedding, ids, 0)
+        documents, positions = None, None
+        if segments is not None:
+            documents, positions = self.document_mask(segments)
         if self.has_positions:
-            x = x + self.positions[:t]
+            x = x + (self.positions[:t] if positions is None else self.embedding_gather(self.positions, positions, 0))
         x = self.embed_dropout(x.astype(self.dtype))
         states = (x,)
         aux, stats = ops.zeros((), ms.float32), ()
         for layer in self.layers:
+            out = layer(x) if segments is None else layer(x, documents, positions)
             if layer.routed:
-                x, layer_aux, layer_stats = layer(x)
+                x, layer_aux, layer_stats = out
                 aux = aux + layer_aux
                 stats = stats + (layer_stats,)
             else:
-                x = layer(x)
+                x = out
             states = states + (x,)
         return states + (self.final_norm(x),), aux / max(1, self.num_moe_layers), stats
 
@@ -149,5 +157,5 @@ class CausalLM(nn.Cell):
         """(B, T, hidden) final-norm output → (B, T, vocab) float32 logits."""
         return self.head(x, self.embedding if self.tie else self.lm_head)
 
-    def construct(self, ids):
-        return self.logits(self.hidden_states(ids)[-1])
+    def construct(self, ids, segments=None):
+        return self.logits(self.hidden_states(ids, segments)[-1])

@@ -244,6 +244,12 @@ def flash_attention_default(cfg):
             and m.dropout == 0)
 
 
+def lora_fields(cfg):
+    """Layout fields of finetune.lora (rank 0: full training)."""
+    lora = cfg.finetune.lora
+    return {"lora_rank": lora.rank, "lora_targets": tuple(lora.targets)} if lora else {}
+
+
 def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_NODE, flash_attention=None):
     """(Layout, devices) for a loaded Config. devices: --devices, else dp·mp·pp, else one node.
     flash_attention: None = ms_llm's own rule (`flash_attention_default`)."""
@@ -268,7 +274,8 @@ def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_N
                     full_recompute_layers=full_layers, stage_layers=tuple(pc.stage_layers or ()),
                     vocab_emb_dp=pc.vocab_emb_dp, ep=pc.expert_parallel,
                     compute_dtype=cfg.precision.compute_dtype,
-                    flash_attention=flash_attention_default(cfg) if flash_attention is None else flash_attention)
+                    flash_attention=flash_attention_default(cfg) if flash_attention is None else flash_attention,
+                    **lora_fields(cfg))
     return layout, devices  # when devices is no multiple of mp·pp, invalid_reasons names the mismatch
 
 

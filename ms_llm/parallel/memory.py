@@ -144,6 +144,10 @@ def stage_memory(shape, layout, stage):
         kept = f"{shape.experts // ep} of {shape.experts} experts per MoE layer"
         terms += weight_terms(layout, expert_dev, expert_dev / (dp // ep if layout.optimizer_shard else 1),
                               "experts' ", f"÷ {dp // ep} (dp/ep)", f" ({kept})")
+    if layout.lora_rank:  # finetune.lora: gradients and moments of the adapters only
+        from ms_llm.parallel.lora_memory import lora_terms
+
+        terms = lora_terms(terms, shape, layout, layers, Term)
     return terms + activation_terms(shape, layout, stage, layers)
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from ms_llm.errors import UserError
 from ms_llm.parallel.layout import (DEFAULT_DEVICES_PER_NODE, invalid_reasons,  # noqa: F401 (planner API)
                                     layout_from_config)
+from ms_llm.parallel.lora_memory import trainable_device_params
 from ms_llm.parallel.memory import GIB, FP32_BYTES, layers_per_stage, peak_stage, total_bytes
 from ms_llm.parallel.shapes import ModelShape
 
@@ -74,6 +75,8 @@ def communication(shape, layout, cluster):
     # are the dp/ep ranks of its expert-data-parallel group, so its gradients are reduced over those only.
     dense_params, expert_params = max((device_params(shape, layout, i, split=True) for i in range(layout.pp)),
                                       key=sum)
+    if layout.lora_rank:  # LoRA: only the adapters have gradients to reduce
+        dense_params = trainable_device_params(shape, layout, dense_params, max(layers_per_stage(shape, layout)))
     dp = layout.dp
     for group, n, params in (("data_parallel", dp, dense_params), ("expert_data_parallel", dp // layout.ep,
                                                                    expert_params)):

@@ -154,6 +154,8 @@ class Layout:
     compute_dtype: str = "bfloat16"
     flash_attention: bool = False  # fused attention keeps no s×s scores (Ascend FlashAttentionScore)
     ep: int = 1  # expert parallelism: experts split over ep of the dp ranks (tokens reach them by all-to-all)
+    lora_rank: int = 0  # finetune.lora: adapters of this rank train, the base is frozen (parallel/lora_memory.py)
+    lora_targets: tuple = ()
 
     @property
     def devices(self):
@@ -173,7 +175,8 @@ class Layout:
                                                                     f"layers per stage, else {self.recompute}"
         return (f"dp {self.dp} × mp {self.mp} × pp {self.pp}" + (f" (ep {self.ep} within dp)" if self.ep > 1 else "")
                 + f", optimizer_shard {on(self.optimizer_shard)}, "
-                f"recompute {rc}, seq parallel {on(self.seq_parallel)}, flash attention {on(self.flash_attention)}")
+                f"recompute {rc}, seq parallel {on(self.seq_parallel)}, flash attention {on(self.flash_attention)}"
+                + (f", LoRA rank {self.lora_rank}" if self.lora_rank else ""))
 
 
 def on(flag):

@@ -130,7 +130,7 @@ def recompile(cells, batches):
     for cell, batch in zip(cells, batches):
         _cell_graph_executor.del_net_res(cell, set(cell.compile_cache))
         cell.compile_cache.clear()
-        cell.compile(batch)
+        cell.compile(*batch) if isinstance(batch, tuple) else cell.compile(batch)
 
 
 def fingerprint(step_fn):
@@ -182,7 +182,7 @@ class Guard:
         parameters of its cell; a graph that is not gets compiled afresh (when loaded) and the entry dropped."""
         try:
             for cell, batch in zip(cells, batches):
-                cell.compile(batch)
+                cell.compile(*batch) if isinstance(batch, tuple) else cell.compile(batch)  # a tuple: the step's inputs
         finally:  # a failed compile must not leave caching on for the graphs compiled after it
             close()
         bad = {type(c).__name__: unowned_parameters(c) for c in cells}

@@ -28,3 +28,25 @@ def evaluate(model, eval_step, batches, rt):
         total = ops.AllReduce()(ms.Tensor(np.array([local], np.float32)))
         return float(total.asnumpy()[0]) / rt.world_size
     return float(local)
+
+
+def evaluate_masked(model, eval_step, batches, rt):
+    """Fine-tuning data: {val_loss, val_loss_prompt, val_tokens} over `batches` (loader.Batch). val_loss is the
+    token-weighted mean over the masked-in (response) tokens of all batches and ranks, whatever the run's
+    finetune.loss_mask; val_loss_prompt the same over the prompt tokens, which the loss should not have trained."""
+    import mindspore as ms
+
+    from ms_llm.train.masked_loss import prompt_weights, target_weights
+
+    sums = np.zeros(4, np.float64)
+    model.set_train(False)
+    for b in batches:
+        m, s = b.loss_mask.asnumpy(), b.segments.asnumpy()
+        out = eval_step(b.ids, ms.Tensor(target_weights(m, s)), ms.Tensor(prompt_weights(m, s)), b.segments)
+        sums += [float(x.asnumpy()) for x in out]
+    model.set_train(True)
+    if rt.world_size > 1:
+        sums = ops.AllReduce()(ms.Tensor(sums.astype(np.float32))).asnumpy().astype(np.float64)
+    return {"val_loss": sums[0] / sums[1] if sums[1] else float("nan"),
+            "val_loss_prompt": sums[2] / sums[3] if sums[3] else float("nan"), "val_tokens": int(sums[1])}
+

@@ -45,6 +45,10 @@ def resume_from(s, checkpoint, weights_only, log):
     changed = ckpt_state.check_compatible(s.cfg, manifest, path)
     if changed:
         log("note: resuming with changed settings: " + "; ".join(changed))
+    if s.finetune is not None and s.finetune.lora is not None:  # the checkpoint holds the adapters: base first
+        from ms_llm.train.finetune import load_base_for_resume
+
+        load_base_for_resume(s, manifest, path, log)
     ckpt_state.restore(s, store.read_tensors(path), path, weights_only, warn=log)
     step = manifest["step"]
     if not weights_only:
@@ -62,6 +66,10 @@ def load_initial_weights(s, path, log):
     if not os.path.isfile(path):
         raise UserError(f"checkpoint.load_weights = '{path}' does not exist. Give a .ckpt or .safetensors file "
                         f"(e.g. from `ms-llm convert`).")
+    if s.finetune is not None and s.finetune.lora is not None:  # the frozen base; the adapters start at B = 0
+        from ms_llm.train.finetune import load_base
+
+        return load_base(s, path, log)
     try:
         arrays = store.read_tensors(path)
     except Exception as e:

@@ -58,6 +58,8 @@ def load_run_model(run_dir, step=None, overrides=(), checkpoint=None, log=print)
     # the run's own kernels (context.cpu_kernels), so that a dump or a NaN hunt computes what training computed
     model = build_model(cfg.model, cfg.precision.compute_dtype,
                         for_device(ms.get_context("device_target"), cfg.context.cpu_kernels))
+    if cfg.finetune.lora is not None:  # the checkpoint holds the adapters; the base weights come from its record
+        arrays = with_lora(model, cfg, arrays, path)
     params = {p.name: p for p in model.get_parameters()}
     missing = [n for n in params if n not in arrays]
     if missing:
@@ -67,3 +69,24 @@ def load_run_model(run_dir, step=None, overrides=(), checkpoint=None, log=print)
         p.set_data(ms.Tensor(arrays[name]).astype(p.dtype))
     model.set_train(False)
     return cfg, model, path
+
+
+def with_lora(model, cfg, arrays, path):
+    """A LoRA run's model: adapters applied (ms_llm/nn/lora.py), weights = the recorded base + the checkpoint's
+    adapters (ms_llm/checkpoint/lora.py)."""
+    import json
+
+    from ms_llm.checkpoint.lora import BASE_KEY, full_weights
+    from ms_llm.nn.lora import apply_lora
+
+    manifest_path = os.path.splitext(path)[0] + ".json"
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            identity = json.load(f)[BASE_KEY]
+    except (OSError, ValueError, KeyError):
+        raise UserError(f"checkpoint '{path}' of a finetune.lora run has no readable manifest with its base weights "
+                        f"('{manifest_path}', key {BASE_KEY}). Use the run's own checkpoints, or merge them "
+                        f"(ms-llm convert --merge-lora) while the manifest is there.") from None
+    lora = cfg.finetune.lora
+    apply_lora(model, lora.rank, lora.alpha, lora.dropout, lora.targets, cfg.train.seed)
+    return full_weights(arrays, identity, f"checkpoint '{path}'")

@@ -52,6 +52,7 @@ class Session:
     peak_flops: float
     cache: Any = None  # compile_cache.Guard until the first step has compiled (or loaded) the step's graphs
     fresh_start: bool = True  # the step starts from the config's own initialisation (no resume, no loaded weights)
+    finetune: Any = None  # train.finetune.FinetuneState: chat data (masked loss), LoRA, data.extra_val; None: plain
 
     @property
     def cfg(self):
@@ -79,15 +80,21 @@ class Session:
                 raise UserError(f"micro-batch {i} of the next step: {problem}")
         return batches
 
+    def step_inputs(self, batches):
+        """The step cells' arguments for each micro-batch: (ids,), or for fine-tuning data (ids, token weights,
+        segment ids, mask count) (train/finetune.py)."""
+        return [(b,) for b in batches] if self.finetune is None else self.finetune.inputs(batches)
+
     def train_step(self, batches=None):
         """One optimizer step: accum-1 accumulating micro-batches, then the updating one. The first step of a
         session under the compile cache goes through `first_step`, so every driver gets its checks."""
         batches = batches or self.next_batches()
         if self.cache is not None:
             return self.first_step(batches)
-        for b in batches[:-1]:
-            self.step_fn.accumulate(b)
-        return StepOutput(*self.step_fn(batches[-1]))
+        inputs = self.step_inputs(batches)
+        for x in inputs[:-1]:
+            self.step_fn.accumulate(*x)
+        return StepOutput(*self.step_fn(*inputs[-1]))
 
     def first_step(self, batches):
         """The first step under the compile cache: its graphs compiled or loaded and their binding checked, then
@@ -96,7 +103,10 @@ class Session:
         optimizer and data from their initialisation — and takes the step again: only fresh starts are checked,
         so nothing is lost. Every rank starts over, or none."""
         guard, self.cache = self.cache, None
-        guard.check_binding(self.step_cells, batches[-2:] if self.accum > 1 else batches[-1:], self.log)
+        probe = self.step_inputs(batches[-2:] if self.accum > 1 else batches[-1:])
+        if self.finetune is not None:  # the probe counted its batches: the step counts them again
+            self.finetune.loss_tokens = self.finetune.target_tokens = 0.0
+        guard.check_binding(self.step_cells, probe, self.log)
         before = compile_cache.fingerprint(self.step_fn) if self.fresh_start else None
         out = self.train_step(batches)
         if before is None:
@@ -147,6 +157,7 @@ def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
     from ms_llm.nn import cpu_kernels
     from ms_llm.train.evaluate import EvalStep
     from ms_llm.train.lr_schedule import lr_table
+    from ms_llm.train import finetune
     from ms_llm.train.optimizer import AdamW
     from ms_llm.train.step import TrainStep
 
@@ -170,7 +181,9 @@ def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
         from ms_llm.parallel.apply import configure_auto_parallel
 
         configure_auto_parallel(parallel, cfg.checkpoint.strategy_dir or "strategy", rt.rank)
+    finetune.check(cfg, manifest, parallel)
     model = build_model(m, cfg.precision.compute_dtype, backend)
+    ft = finetune.prepare(cfg, manifest, model, log)  # LoRA (before the optimizer sees the trainable parameters)
     apply_plan(model, parallel, semi_auto, log)
     optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
     micro_batch, accum = t.micro_batch_size, parallel.accumulation
@@ -178,8 +191,9 @@ def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
         step_fn = pipeline_step(model, optimizer, cfg, parallel, backend)
         micro_batch, accum = t.micro_batch_size * accum, 1
     else:  # under semi-auto parallel MindSpore inserts the data-parallel gradient reduction itself
-        step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, 1 if semi_auto else rt.world_size,
-                            lr_table(t), t.anomaly, backend)
+        dp_reduce = 1 if semi_auto else rt.world_size
+        step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, dp_reduce, lr_table(t), t.anomaly,
+                            backend, finetune.loss_fn(model, cfg, manifest, accum, dp_reduce))
     model.set_train(True)
     dp, data_rank = parallel.dp, parallel.data_rank(rt.rank)
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", micro_batch, dp, data_rank, t.seed,
@@ -191,13 +205,15 @@ def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
     elif t.eval_interval or t.eval_steps:
         log("note: no validation during training under pipeline parallelism (a forward-only pipeline is a "
             "different graph); evaluate the checkpoint with pipeline_stage: 1")
+    finetune.load_extra_val(ft, cfg, manifest, model, t.micro_batch_size, dp, data_rank, accum)
     n_params = count_params(model)
+    eval_step = finetune.eval_step(model, cfg, manifest) or EvalStep(model)
     # MoE: a token computes with top_k of each MoE layer's experts, so the FLOPs count the active parameters only
     inactive = ModelShape.from_config(m).inactive_expert_params() if m.moe is not None else 0
-    s = Session(resolved, rt, log, manifest, purpose, accum, model, step_fn, EvalStep(model), data, val, n_params,
+    s = Session(resolved, rt, log, manifest, purpose, accum, model, step_fn, eval_step, data, val, n_params,
                 flops_per_token(count_params(model, exclude_positions=True) - inactive, m.num_layers,
                                 m.num_heads * head_dim(m), m.seq_length),  # attention: heads × head_dim wide
-                peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, cache)
+                peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, cache, finetune=ft)
     moe = (f", {n_params - inactive:,} active per token ({len(moe_layers(m))} MoE layers, top-{m.moe.top_k} of "
            f"{m.moe.num_experts} experts, {'dropless' if m.moe.capacity_factor is None else 'capacity factor ' + str(m.moe.capacity_factor)})"
            if m.moe is not None else "")
@@ -253,7 +269,12 @@ def prepare_dataset(cfg, rt, log):
                 f"seq_length {cfg.model.seq_length})")
 
         def build():
-            if rt.is_main:
+            if rt.is_main and d.format != "text":  # conversations (docs/finetuning.md)
+                from ms_llm.data.chat_preprocess import preprocess_conversations
+
+                preprocess_conversations(d.source, d.dataset_dir, cfg.model.seq_length, d.tokenizer, d.format,
+                                         d.val_fraction, log=log)
+            elif rt.is_main:
                 from ms_llm.data.preprocess import preprocess
 
                 preprocess(d.source, d.dataset_dir, cfg.model.seq_length, d.tokenizer, d.val_fraction, d.text_field,

@@ -102,8 +102,8 @@ class AccumulateStep(nn.Cell):
         self.grad_fn = ms.value_and_grad(loss_fn, None, weights, has_aux=True)
         self.hyper_map = ops.HyperMap()
 
-    def construct(self, ids):
-        out, grads = self.grad_fn(ids, self.state.loss_scale)
+    def construct(self, ids, *inputs):
+        out, grads = self.grad_fn(ids, self.state.loss_scale, *inputs)
         loss = out[1]
         self.hyper_map(ops.assign_add, self.state.grad_buffers, grads)
         ops.assign_add(self.state.accum_loss, loss)
@@ -116,7 +116,7 @@ class TrainStep(nn.Cell):
     """The last micro-batch of a step plus the update. Returns (loss, grad_norm, code, loss_scale); code: 0 applied, 1 skipped (non-finite), 2 skipped by the anomaly guard."""
 
     def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, lr_table=None, anomaly=None,
-                 backend=PORTABLE):
+                 backend=PORTABLE, loss_fn=None):
         super().__init__(auto_prefix=False)
         self.guard = anomaly is not None
         if self.guard:
@@ -124,7 +124,9 @@ class TrainStep(nn.Cell):
             self.ema = 2.0 / (anomaly.window + 1)
         self.optimizer = optimizer
         self.weights = optimizer.params
-        self.loss_fn = LossFn(model, accum)
+        # fine-tuning: a loss over masked tokens (masked_loss.MaskedLossFn), whose extra inputs (token weights,
+        # segment ids, mask count) follow the ids into construct and accumulate
+        self.loss_fn = loss_fn if loss_fn is not None else LossFn(model, accum)
         self.grad_fn = self.loss_and_grad()
         self.state = StepState(self.weights, precision, accum, lr_table, router_stats_shape(model))
         self.accumulate = AccumulateStep(self.loss_fn, self.weights, self.state) if accum > 1 else None
@@ -139,10 +141,10 @@ class TrainStep(nn.Cell):
     def loss_and_grad(self):
         return ms.value_and_grad(self.loss_fn, None, self.weights, has_aux=True)
 
-    def gradients(self, ids, scale):
+    def gradients(self, ids, scale, *inputs):
         """(mean loss of the step, gradients of loss * scale summed over its micro-batches and ranks)."""
         st = self.state
-        out, grads = self.grad_fn(ids, scale)
+        out, grads = self.grad_fn(ids, scale, *inputs)
         loss = out[1]
         if self.loss_fn.routed:
             ops.assign_add(st.router_stats, out[2])
@@ -156,10 +158,10 @@ class TrainStep(nn.Cell):
             loss = self.all_reduce(loss) / self.dp
         return loss, grads
 
-    def construct(self, ids):
+    def construct(self, ids, *inputs):
         st = self.state
         scale = st.loss_scale.value()
-        loss, grads = self.gradients(ids, scale)
+        loss, grads = self.gradients(ids, scale, *inputs)
         # Gradients are still multiplied by scale * dp here. One norm serves three purposes: it is finite
         # exactly when every gradient is (an inf or NaN anywhere makes the sum of squares inf or NaN), it is
         # the reported grad norm once divided by scale * dp, and it sets the clip factor. Unscaling and

@@ -18,7 +18,7 @@ from ms_llm.parallel.layout import uses_semi_auto
 from ms_llm.train import compile_cache
 from ms_llm.rundir import writer as rd
 from ms_llm.train.context import all_ranks_ok, launch_world_size, select_device, setup_context
-from ms_llm.train.evaluate import evaluate
+from ms_llm.train.finetune import evaluate_session
 from ms_llm.train.hooks import TrainingRun, call
 from ms_llm.train.lr_schedule import lr_at
 from ms_llm.train.meter import IntervalMeter
@@ -89,6 +89,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                     record = meter.record(done, lr, memory_gib(rt.device_target))
                     if router is not None:
                         record.update(router.read())
+                    if s.finetune is not None:  # the share of target tokens the loss counts (train/finetune.py)
+                        record.update(s.finetune.log_fields())
                     writer.write(record)
                     call(hooks, "after_log", trun, record, times=meter.hook_s)
                 with meter.paused():
@@ -150,6 +152,9 @@ def write_run_dir(plan, cfg, rt, start, manifest):
         dataset = {"dir": os.path.abspath(cfg.data.dataset_dir), "stats": manifest.get("stats"),
                    "overlap": manifest.get("overlap"),
                    "train_samples": manifest.get("splits", {}).get("train", {}).get("samples")}
+        if manifest.get("format"):  # chat/instruction data: what diagnose's fine-tuning rules read
+            dataset.update(format=manifest["format"], packed=manifest.get("packed"), finetune=manifest.get("finetune"),
+                           seq_length=manifest.get("seq_length"))
         rd.write_json(info, rd.run_info(rt, cfg, {"run_dir": os.path.abspath(plan.run_dir), "dataset": dataset}))
 
 
@@ -248,10 +253,9 @@ def run_eval(trun, step, hooks):
     if not s.val:  # no validation batches (pipeline parallelism)
         return None
     t0 = time.perf_counter()
-    val_loss = evaluate(s.model, s.eval_step, s.val, s.rt)
-    trun.writer.write({"step": step, "val_loss": val_loss,
-                       "val_tokens": len(s.val) * int(s.val[0].shape[0]) * s.cfg.model.seq_length * s.rt.world_size,
-                       "duration_s": round(time.perf_counter() - t0, 4)})
+    record = evaluate_session(s)  # masked for fine-tuning data; with data.extra_val's loss (train/finetune.py)
+    val_loss = record["val_loss"]
+    trun.writer.write({"step": step, **record, "duration_s": round(time.perf_counter() - t0, 4)})
     call(hooks, "after_eval", trun, step, val_loss)
     return val_loss
 
@@ -277,12 +281,12 @@ def dry_run(cfg, echo=print):
     one rank without touching a device: the way to verify a layout before queueing a cluster job."""
     s = open_session(cfg, echo, purpose="dry_run")
     s.log(s.parallel.table())
-    batch = next(s.data)
+    inputs = s.step_inputs([next(s.data)])[0]
     t0 = time.perf_counter()
     if s.cache is not None:
-        s.cache.check_binding(s.step_cells, [batch] * len(s.step_cells), s.log)
+        s.cache.check_binding(s.step_cells, [inputs] * len(s.step_cells), s.log)
     else:
         for cell in s.step_cells:
-            cell.compile(batch)
+            cell.compile(*inputs)
     s.log(f"dry run: training step compiled in {time.perf_counter() - t0:.1f} s; nothing was trained or written")
     return s
