@@ -41,7 +41,16 @@ class AttentionCore(nn.Cell):
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
         self.softmax = ops.Softmax(-1)
+        # CPU: mask and softmax in one kernel, and one for its backward. MindSpore's mask add and SoftmaxGrad
+        # kept ~6 score-sized (B, H, T, T) temporaries per layer in backward (docs/performance.md, memory)
+        self.causal_softmax = None if self.flash else backend.kernel("causal_softmax")
+        self.fused = self.causal_softmax is not None
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+
+    def recompute(self, **kwargs):
+        """MindSpore does not recompute custom AOT ops, so a recomputed core uses the composition."""
+        self.fused = False
+        return super().recompute(**kwargs)
 
     def scores(self, q, k):
         """Masked attention logits in float32. q is scaled before the matmul so that float16 scores
@@ -57,8 +66,11 @@ class AttentionCore(nn.Cell):
             b, kv, t, d = k.shape
             k = ops.broadcast_to(k.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
             v = ops.broadcast_to(v.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
-        probs = self.dropout(self.softmax(self.scores(q, k))).astype(self.dtype)
-        return self.pv(probs, v)
+        if self.fused:  # causal mask applied inside the kernel
+            probs = self.causal_softmax(self.qk(q * self.scale, k).astype(ms.float32))
+        else:
+            probs = self.softmax(self.scores(q, k))
+        return self.pv(self.dropout(probs).astype(self.dtype), v)
 
 
 class CausalSelfAttention(nn.Cell):
@@ -74,13 +86,25 @@ class CausalSelfAttention(nn.Cell):
         self.core = AttentionCore(num_heads, num_kv_heads, self.head_dim, seq_length, dropout, compute_dtype, backend)
         self.flash = self.core.flash
         self.resid_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        # CPU, float32: heads split and merged by copy kernels. MindSpore's CPU Transpose keeps an int64 index
+        # table of twice its input's size per kernel from compile time on, and the q/k/v slices' backward
+        # writes three zero-padded full-size gradients that are then added (docs/performance.md, memory).
+        fp32 = compute_dtype == ms.float32
+        self.split_heads = backend.kernel("heads_split", num_heads, num_kv_heads) if fp32 else None
+        self.merge_heads = backend.kernel("swap_middle_axes") if fp32 else None
+        self.fused_heads = self.split_heads is not None
 
     def construct(self, x):
         b, t, _ = x.shape
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv(x).reshape(b, t, h + 2 * kv, d).transpose(0, 2, 1, 3)  # (B, H+2KV, T, D)
-        q, k, v = qkv[:, :h], qkv[:, h:h + kv], qkv[:, h + kv:]
+        qkv = self.qkv(x).reshape(b, t, h + 2 * kv, d)
+        if self.fused_heads:
+            q, k, v = self.split_heads(qkv)
+        else:
+            qkv = qkv.transpose(0, 2, 1, 3)  # (B, H+2KV, T, D)
+            q, k, v = qkv[:, :h], qkv[:, h:h + kv], qkv[:, h + kv:]
         if self.use_rope:
             q, k = self.rope(q), self.rope(k)
-        y = self.core(q, k, v).transpose(0, 2, 1, 3).reshape(b, t, h * d)
-        return self.resid_dropout(self.out(y))
+        y = self.core(q, k, v)
+        y = self.merge_heads(y) if self.fused_heads else y.transpose(0, 2, 1, 3)
+        return self.resid_dropout(self.out(y.reshape(b, t, h * d)))
