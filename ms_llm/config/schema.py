@@ -84,6 +84,9 @@ class TrainConfig:
     log_interval: int = opt(10, "steps between log lines")
     eval_interval: int = opt(250, "steps between validation passes (0: only at the end)")
     eval_steps: int = opt(200, "validation batches of global_batch_size samples per pass (capped at the split size)")
+    loss_chunk_tokens: int = opt(1024, "LM head + cross-entropy over this many tokens at a time (forward and "
+                                       "backward), so only one chunk's float32 logits exist; equal to the whole "
+                                       "loss within float32 rounding (0: the whole (tokens, vocab) logits at once)")
     anomaly: Optional[AnomalyConfig] = opt(None, "anomaly guard: skip spiking updates, roll back after repeated "
                                                  "non-finite steps (null: off; true: defaults)")
 

@@ -22,6 +22,39 @@ def use_flash_attention(compute_dtype, head_dim, dropout, backend):
     return backend.ascend and compute_dtype in (ms.float16, ms.bfloat16) and head_dim % 16 == 0 and dropout == 0
 
 
+class ProbsRecomputedCore(nn.Cell):
+    """softmax(q kᵀ·scale, causal) v whose backward recomputes the probabilities from q and k instead of keeping
+    them: selective recompute on CPU. MindSpore's Cell.recompute() on the CPU backend keeps more than it
+    saves there (benchmarks/cpu_recompute_memory.py), so the core's backward is written out with the fused
+    kernels. Inputs: q (B, H, T, D) compute dtype, k and v with the heads already repeated for GQA."""
+
+    def __init__(self, scale, compute_dtype, backend):
+        super().__init__()
+        self.scale, self.dtype = scale, compute_dtype
+        self.softmax = backend.kernel("causal_softmax")
+        self.softmax_grad = backend.kernel("causal_softmax_grad")
+        self.qk = ops.BatchMatMul(transpose_b=True)
+        self.pv = ops.BatchMatMul()
+        self.grad_a = ops.BatchMatMul(transpose_a=True)
+
+    def probs(self, q, k):
+        return self.softmax(self.qk(q * self.scale, k).astype(ms.float32))
+
+    def construct(self, q, k, v):
+        return self.pv(self.probs(q, k).astype(self.dtype), v)
+
+    def bprop(self, q, k, v, out, dout):
+        # recomputed once the backward reaches this layer: without the dependency on dout the runtime would run it
+        # as soon as q and k exist, in the forward pass, and keep it as long as the probabilities it replaces
+        q = ops.depend(q, dout)
+        p = self.probs(q, k)
+        dv = self.grad_a(p.astype(self.dtype), dout)
+        dscores = self.softmax_grad(p, self.qk(dout, v).astype(ms.float32)).astype(self.dtype)
+        dq = self.pv(dscores, k) * self.scale
+        dk = self.grad_a(dscores, q * self.scale)
+        return dq, dk, dv
+
+
 class AttentionCore(nn.Cell):
     """softmax(q k^T / sqrt(d) + causal mask) v on (B, H, T, D) heads: the part selective recompute
     recomputes and tensor parallelism splits by head. Its primitives are attributes so that
@@ -46,9 +79,17 @@ class AttentionCore(nn.Cell):
         self.causal_softmax = None if self.flash else backend.kernel("causal_softmax")
         self.fused = self.causal_softmax is not None
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.recomputed = ProbsRecomputedCore(self.scale, compute_dtype, backend) if self.fused and not dropout \
+            else None
+        self.recompute_probs = False
 
     def recompute(self, **kwargs):
-        """MindSpore does not recompute custom AOT ops, so a recomputed core uses the composition."""
+        """Selective recompute. With the fused CPU kernels (and no dropout, whose mask would have to be replayed) the
+        probabilities are recomputed by ProbsRecomputedCore's own backward; otherwise by MindSpore's recompute,
+        which does not recompute custom AOT ops, so the core then uses the composition."""
+        if self.recomputed is not None:
+            self.recompute_probs = True
+            return self
         self.fused = False
         return super().recompute(**kwargs)
 
@@ -66,6 +107,8 @@ class AttentionCore(nn.Cell):
             b, kv, t, d = k.shape
             k = ops.broadcast_to(k.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
             v = ops.broadcast_to(v.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
+        if self.recompute_probs:
+            return self.recomputed(q, k, v)
         if self.fused:  # causal mask applied inside the kernel
             probs = self.causal_softmax(self.qk(q * self.scale, k).astype(ms.float32))
         else:

@@ -96,9 +96,13 @@ class CausalLM(nn.Cell):
             states = states + (x,)
         return states + (self.final_norm(x),)
 
+    def head_weight(self):
+        """The LM head's (vocab, hidden) float32 weight: the token embedding when tied."""
+        return self.embedding if self.tie else self.lm_head
+
     def logits(self, x):
         """(B, T, hidden) final-norm output → (B, T, vocab) float32 logits."""
-        return self.head(x, self.embedding if self.tie else self.lm_head)
+        return self.head(x, self.head_weight())
 
     def construct(self, ids):
         return self.logits(self.hidden_states(ids)[-1])

@@ -20,6 +20,7 @@ class ModelShape:
     vocab: int
     tied: bool
     bias: bool
+    dropout: float = 0.0  # > 0 keeps dropout masks and outputs as activations
 
     @classmethod
     def from_config(cls, m):
@@ -29,7 +30,8 @@ class ModelShape:
                             "takes from the dataset manifest. Pass it, e.g. --set model.vocab_size=32000, or use a "
                             "preset (--set model.preset=llama2-7b).")
         return cls(m.arch, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads or m.num_heads,
-                   m.ffn_hidden_size, m.seq_length, m.vocab_size, m.tie_embeddings, m.bias and m.arch == "gpt2")
+                   m.ffn_hidden_size, m.seq_length, m.vocab_size, m.tie_embeddings, m.bias and m.arch == "gpt2",
+                   m.dropout)
 
     @property
     def head_dim(self):
@@ -97,6 +99,18 @@ class Layout:
     vocab_emb_dp: bool = True
     compute_dtype: str = "bfloat16"
     flash_attention: bool = False  # fused attention keeps no s×s scores (Ascend FlashAttentionScore)
+    loss_chunk_tokens: int = 0  # train.loss_chunk_tokens: the LM head and loss over this many tokens at a time
+    target: str = "Ascend"  # the device kind the memory terms are for: Ascend (HBM) or CPU (host memory, measured)
+
+    @property
+    def semi_auto(self):
+        """MindSpore's semi-auto parallel mode runs the step (ms_llm.parallel.layout.ParallelPlan.semi_auto)."""
+        return self.mp * self.pp > 1 or self.optimizer_shard
+
+    @property
+    def loss_chunk(self):
+        """Tokens per chunk of the LM head and loss as the session applies it: not under semi-auto parallel."""
+        return 0 if self.semi_auto else self.loss_chunk_tokens
 
     @property
     def devices(self):

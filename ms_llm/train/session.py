@@ -44,6 +44,7 @@ class Session:
     peak_flops: float
     cache: Any = None  # compile_cache.Guard while the step's graphs are not yet compiled
     fresh_start: bool = True  # the step starts from the config's own initialisation (no resume, no loaded weights)
+    compiled: bool = False
 
     @property
     def tokens_per_step(self):
@@ -68,17 +69,32 @@ class Session:
         batches = batches or self.next_batches()
         if self.cache is not None:
             return self.first_cached_step(batches)
+        if not self.compiled:
+            self.compile(batches)
         for b in batches[:-1]:
             self.step_fn.accumulate(b)
         return StepOutput(*self.step_fn(batches[-1]))
+
+    def compile(self, batches):
+        """Compile the step's graphs before the first step runs, then give the compiler's freed memory back to the
+        OS, so that the step's memory does not come on top of it (CPU)."""
+        from ms_llm.train.context import release_freed_host_memory
+
+        for cell, batch in zip(self.step_cells, batches[-2:] if self.accum > 1 else batches[-1:]):
+            cell.compile(batch)
+        self.compiled = True
+        release_freed_host_memory()
 
     def first_cached_step(self, batches):
         """The first step under the compile cache: its graphs compiled or loaded, checked, then run; a fresh
         start also records (filling) or verifies (reusing) what the step did. See compile_cache."""
         from ms_llm.train import compile_cache
+        from ms_llm.train.context import release_freed_host_memory
 
         guard, self.cache = self.cache, None
         guard.check_binding(self.step_cells, batches[-2:] if self.accum > 1 else batches[-1:], self.log)
+        self.compiled = True
+        release_freed_host_memory()
         before = compile_cache.fingerprint(self.step_fn) if self.fresh_start else None
         out = self.train_step(batches)
         if before is not None:
@@ -156,7 +172,7 @@ def open_session(cfg, echo=print, purpose="train", rt=None, layout=None, strateg
         micro_batch, accum = t.micro_batch_size * accum, 1
     else:  # under semi-auto parallel MindSpore inserts the data-parallel gradient reduction itself
         step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, 1 if semi_auto else rt.world_size,
-                            lr_table(t), t.anomaly, backend)
+                            lr_table(t), t.anomaly, backend, loss_chunk(cfg, plan, log))
     model.set_train(True)
     dp, data_rank = plan.dp, plan.data_rank(rt.rank)
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", micro_batch, dp, data_rank, t.seed,
@@ -169,7 +185,7 @@ def open_session(cfg, echo=print, purpose="train", rt=None, layout=None, strateg
         log("note: no validation during training under pipeline parallelism (a forward-only pipeline is a "
             "different graph); evaluate the checkpoint with pipeline_stage: 1")
     n_params = count_params(model)
-    s = Session(cfg, rt, log, manifest, plan, accum, model, step_fn, EvalStep(model), data, val, n_params,
+    s = Session(cfg, rt, log, manifest, plan, accum, model, step_fn, EvalStep(model, loss_chunk(cfg, plan), backend), data, val, n_params,
                 flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length),
                 peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, cache)
     log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
@@ -181,6 +197,18 @@ def open_session(cfg, echo=print, purpose="train", rt=None, layout=None, strateg
     log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × {what} {plan.accumulation} × data-parallel {dp}; "
         f"{s.tokens_per_step:,} tokens/step; device {rt.device_target}, {rt.world_size} rank(s)")
     return s
+
+
+def loss_chunk(cfg, plan, log=None):
+    """train.loss_chunk_tokens where the chunked loss applies: not under semi-auto parallel, whose strategies shard
+    the LM head's own matmul (the chunked loss has its own, unsharded), nor on pipeline stages."""
+    chunk = cfg.train.loss_chunk_tokens
+    if chunk and plan.semi_auto:
+        if log:
+            log(f"note: train.loss_chunk_tokens = {chunk} is not used under semi-auto parallel (the layout shards the "
+                f"LM head's matmul); the loss takes the whole logits")
+        return 0
+    return chunk
 
 
 def pipeline_step(model, optimizer, cfg, plan, backend):

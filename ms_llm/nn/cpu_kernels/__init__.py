@@ -90,8 +90,12 @@ def op(name, *args):
     return _ops[key]
 
 
+def _gelu_tanh_grad():
+    return custom("GeluTanhBwd", lambda x, dy: x, lambda x, dy: x)
+
+
 def _gelu_tanh():
-    bwd = custom("GeluTanhBwd", lambda x, dy: x, lambda x, dy: x)
+    bwd = _gelu_tanh_grad()
 
     def bprop(x, out, dout):
         return (bwd(x, dout),)
@@ -115,8 +119,13 @@ def _sum_squares():
     return custom("SumSquares", lambda x: [1], lambda x: x)
 
 
+def _causal_softmax_grad():
+    """(softmax output y, its gradient dy) → the gradient of the scores."""
+    return custom("CausalSoftmaxBwd", lambda y, dy: y, lambda y, dy: y)
+
+
 def _causal_softmax():
-    bwd = custom("CausalSoftmaxBwd", lambda y, dy: y, lambda y, dy: y)
+    bwd = _causal_softmax_grad()
 
     def bprop(x, out, dout):
         return (bwd(out, dout),)
@@ -164,4 +173,5 @@ def _softmax_cross_entropy_loss():
 _BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares,
              "causal_softmax": _causal_softmax, "softmax_cross_entropy": _softmax_cross_entropy,
              "softmax_cross_entropy_loss": _softmax_cross_entropy_loss, "heads_split": _heads_split,
-             "swap_middle_axes": _swap_middle_axes}
+             "swap_middle_axes": _swap_middle_axes, "gelu_tanh_grad": _gelu_tanh_grad,
+             "causal_softmax_grad": _causal_softmax_grad}
