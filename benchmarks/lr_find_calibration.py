@@ -1,7 +1,7 @@
 """How well does `ms-llm debug lr-find` predict the best peak LR of a sweep? For each model: one range test
 (200 steps) and one 300-step sweep over train.lr; then five standard readings of the range test against the
-sweep's best LR, as the factor between them (1.0 = exact). This is how the suggestion rule was chosen (README,
-"lr-find"): the reading with the smallest worst-case factor over the models.
+sweep's best LR, as the factor between them (1.0 = exact). This is how the suggestion rule was chosen
+(docs/tuning.md, the LR range test): the reading with the smallest worst-case factor over the models.
 
   python benchmarks/lr_find_calibration.py --out /tmp/lrcal          # ~30 min on 2 idle cores
 

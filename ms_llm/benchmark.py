@@ -97,10 +97,29 @@ def format_report(r):
     ])
 
 
-def main(cfg, steps, warmup, as_json, echo=print):
+def main(cfg, steps, warmup, as_json, echo=print, output=None, about=None):
+    """`output`: also write the result as JSON there, with `about` (the config and overrides it ran), the host and
+    its cores: what `ms-llm diagnose` compares a run's speed with."""
+    if output:
+        import os
+
+        folder = os.path.dirname(os.path.abspath(output))
+        if not os.path.isdir(folder):
+            from ms_llm.errors import UserError
+
+            raise UserError(f"--output {output}: folder '{folder}' does not exist. Create it or choose another path.")
     r = run_benchmark(cfg, steps, warmup, echo=(lambda *_: None) if as_json else echo)
     if not as_json:
         echo(format_report(r))
     else:
         echo(json.dumps(r))
+    if output:
+        import os
+        import socket
+
+        from ms_llm.fileio import atomic_write_bytes
+
+        record = dict(r, **(about or {}), host=socket.gethostname(), cpu_count=os.cpu_count(),
+                      time=round(time.time(), 3))
+        atomic_write_bytes(output, json.dumps(record, indent=1).encode("utf-8"))
     return r

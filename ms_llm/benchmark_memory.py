@@ -116,7 +116,7 @@ def probe(cfg, steps):
     target = select_device(cfg.context)
     mem = HostMemory() if target == "CPU" else DeviceMemory()
     out = {"device": target, "import": mem.now()}
-    s = open_session(cfg, echo=lambda *a: None, compile_cache=False)
+    s = open_session(cfg, echo=lambda *a: None, use_compile_cache=False)
     out["session"] = mem.now()
     batches = s.next_batches()
     mem.reset()

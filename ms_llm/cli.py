@@ -47,7 +47,7 @@ def cmd_train(args):
 
 
 def cmd_preprocess(args):
-    from ms_llm.data.preprocess import preprocess
+    from ms_llm.data.preprocess import keep_large_arrays_off_the_heap, preprocess
 
     if args.config:
         from ms_llm.config import load_config
@@ -73,6 +73,7 @@ def cmd_preprocess(args):
         raise UserError(f"--workers = {args.workers} must be at least 1 (default: the number of CPU cores).")
     if args.shard_size_mb < 1:
         raise UserError(f"--shard-size-mb = {args.shard_size_mb} must be at least 1.")
+    keep_large_arrays_off_the_heap()  # this process only preprocesses: its peak memory then stays flat
     preprocess(args.input, args.output_dir, args.seq_length, args.tokenizer or "char", val, args.text_field or "text",
                overwrite=args.overwrite, workers=args.workers, skip_bad=args.skip_bad, shard_mb=args.shard_size_mb)
 
@@ -99,7 +100,8 @@ def cmd_benchmark(args):
         return memory(args.config, overrides, steps, args.json)
     from ms_llm.benchmark import main as benchmark
 
-    benchmark(load_config(args.config, overrides), steps, args.warmup, args.json)
+    benchmark(load_config(args.config, overrides), steps, args.warmup, args.json, output=args.output,
+              about={"config": args.config, "overrides": args.overrides})
 
 
 def build_parser():
@@ -142,6 +144,8 @@ def build_parser():
                         "activations, logits and loss, the rest; measured in 2-3 fresh processes (difference runs) "
                         "and printed beside ms-llm plan's prediction")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.add_argument("--output", metavar="FILE", help="also write the result as JSON to FILE (e.g. RUN/benchmark.json: "
+                                                    "ms-llm diagnose RUN compares the run's speed with it)")
     p.set_defaults(func=cmd_benchmark)
 
 

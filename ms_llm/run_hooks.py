@@ -57,7 +57,8 @@ class ReportRefresh(Hook):
     """Rewrites <run>/report.html at evaluations and at the end (rank 0), so a run on ModelArts can be watched
     from its OBS copy. An evaluation refreshes it only when the last refresh is at least `BUDGET` times its own
     cost ago (and a minute), which keeps the report under 2% of the run's time; the end always does. A report
-    that cannot be written is a warning, never the end of a run."""
+    that cannot be written is a warning, never the end of a run. Each refresh is recorded as a `report` event with
+    its duration (the run's wall-time accounting)."""
 
     BUDGET = 50
 
@@ -66,12 +67,12 @@ class ReportRefresh(Hook):
 
     def after_eval(self, run, step, val_loss):
         if self.last is None or time.monotonic() - self.last >= max(60.0, self.BUDGET * self.cost):
-            self.write(run)
+            self.write(run, step)
 
     def done(self, run, summary):
-        self.write(run)
+        self.write(run, summary.get("steps"))
 
-    def write(self, run):
+    def write(self, run, step):
         if not run.session.rt.is_main:
             return
         t0 = time.monotonic()
@@ -82,3 +83,5 @@ class ReportRefresh(Hook):
         except Exception as e:  # noqa: BLE001 (a report must never end a training run)
             run.log(f"warning: report.html not refreshed ({type(e).__name__}: {e})")
         self.last, self.cost = time.monotonic(), time.monotonic() - t0
+        if isinstance(step, int):
+            run.writer.write({"step": step, "event": "report", "duration_s": round(self.cost, 4)}, echo=False)

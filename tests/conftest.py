@@ -1,5 +1,10 @@
+import contextlib
 import fcntl
+import json
 import os
+import pathlib
+import shutil
+import socket
 import subprocess
 import sys
 
@@ -15,15 +20,19 @@ FAST_TEST_LIMIT_S = float(os.environ.get("MS_LLM_FAST_TEST_LIMIT_S", "3"))
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (not in the dev extra: on 2 cores the diagnosis tests' clean runs see the other
-    worker's load as saw-toothed throughput) the workers share this checkout and the user's cache: give each
-    worker its own compile cache, so two workers never fill one entry at the same time, and tokenize the
-    quickstart's dataset once, under a lock, before any test's training run would do it (two first runs at once
-    would both find no dataset and the second would refuse the first's)."""
+    """Under pytest-xdist (`-n 2`, what CI runs) the workers share this checkout and the user's cache: each worker
+    gets its own compile cache, so two workers never fill one entry at the same time, and MindSpore one thread, so
+    that two workers on two cores do not contend (a training run's throughput, which diagnose reads, stays even);
+    tests marked `serial` (msrun's two ranks) run alone (`pytest_runtest_protocol`). The quickstart's dataset is
+    tokenized once, under a lock, before any test's training run would do it (two first runs at once would both
+    find no dataset and the second would refuse the first's)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
         base = os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm"))
         os.environ["MS_LLM_CACHE"] = os.path.join(base, f"pytest-{worker}")
+        from ms_llm.train.context import limit_cpu_threads
+
+        limit_cpu_threads(1)
     from ms_llm.data.manifest import has_manifest
 
     with open(os.path.join(ROOT, "data", ".tests.lock"), "w") as lock:
@@ -32,6 +41,60 @@ def pytest_configure(config):
             from ms_llm.data.preprocess import preprocess
 
             preprocess(SHAKESPEARE, QUICKSTART_DATA, 64, "char", 0.1, log=lambda *_: None)
+
+
+def session_dir(config):
+    """Under xdist, a folder all workers of this test session share (for locks and shared runs): the parent of the
+    workers' own temporary folders, which pytest removes with its old sessions. None without xdist."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return None
+    return config._tmp_path_factory.getbasetemp().parent  # pytest's own recipe for xdist (getbasetemp().parent)
+
+
+@contextlib.contextmanager
+def flock(path, mode):
+    with open(path, "a") as f:
+        fcntl.flock(f, mode)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Under xdist, a `serial` test (setup and shared fixtures included) runs while no other test runs: the other
+    worker's tests hold the run lock shared, a serial one holds it exclusively. A waiting serial test holds the
+    turnstile, so that new tests queue behind it instead of starving it."""
+    shared = session_dir(item.config)
+    if shared is None:
+        yield
+        return
+    turnstile, run_lock = shared / "turnstile.lock", shared / "run.lock"
+    if item.get_closest_marker("serial") is not None:
+        with flock(turnstile, fcntl.LOCK_EX), flock(run_lock, fcntl.LOCK_EX):
+            yield
+        return
+    with flock(turnstile, fcntl.LOCK_EX):
+        pass
+    with flock(run_lock, fcntl.LOCK_SH):
+        yield
+
+
+def build_once(tmp_path_factory, name, build):
+    """The JSON result of `build(folder)` for a session-wide run: built by the first worker that needs it (under a
+    lock; the others wait and reuse it), so xdist does not train a shared run once per worker."""
+    root = tmp_path_factory.getbasetemp() / "shared"
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "shared"
+    root.mkdir(exist_ok=True)
+    with flock(root / f"{name}.lock", fcntl.LOCK_EX):
+        done = root / f"{name}.json"
+        if not done.exists():
+            folder = root / name
+            folder.mkdir()
+            done.write_text(json.dumps(build(folder)))
+        return json.loads(done.read_text())
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -86,12 +149,133 @@ def ms_llm(*args, cwd=None, timeout=600, env=None):
                           text=True, timeout=timeout, env=full_env)
 
 
+# under xdist, each worker's training runs use one CPU thread (see pytest_configure)
+THREADS = ["--set", "context.num_threads=1"] if os.environ.get("PYTEST_XDIST_WORKER") else []
+
+
 def tiny_train_args(dataset, run_dir, *extra):
-    """A tiny GPT on the small dataset: compiles in seconds, trains in a few more."""
+    """A tiny GPT on the small dataset: compiles in seconds, trains in a few more. The report and Insight summaries
+    are off (they cost time and most tests do not read them); a test that reads them turns them on. Telemetry stays
+    on: diagnose reads it to tell host contention from the run's own stalls."""
     return ["train", "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"), "--run-dir", str(run_dir),
             "--set", f"data.dataset_dir={dataset}", "--set", "data.source=null",
             "--set", "model.num_layers=2", "--set", "model.hidden_size=32", "--set", "model.num_heads=2",
             "--set", "model.seq_length=32", "--set", "train.global_batch_size=8", "--set", "train.micro_batch_size=8",
             "--set", "train.max_steps=30", "--set", "train.warmup_steps=5", "--set", "train.log_interval=10",
             "--set", "train.eval_interval=20", "--set", "train.eval_steps=4", "--set", "checkpoint.save_interval=0",
-            *extra]
+            "--set", "monitor.report=false", "--set", "monitor.summary=false", *THREADS, *extra]
+
+
+# Accumulation 2 (micro batch 4 of 8), 60 steps, every step logged, a checkpoint every 10: the uninterrupted run
+# that resume, kill -9, remote pulls and the 2-rank launch are held to, step for step.
+ACCUM2 = ["--set", "train.max_steps=60", "--set", "checkpoint.save_interval=10", "--set", "train.eval_interval=20",
+          "--set", "train.micro_batch_size=4", "--set", "train.log_interval=1"]
+
+
+def train_ok(*args, env=None):
+    proc = ms_llm(*args, env=env)
+    assert proc.returncode == 0, proc.stdout[-1500:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="session")
+def accum2_run(dataset, tmp_path_factory):
+    """(run dir, its console output) of the ACCUM2 run, trained once per session. Tests read it; one that changes
+    a run directory copies it first (`copy_run`)."""
+    def build(folder):
+        proc = train_ok(*tiny_train_args(dataset, folder / "run", *ACCUM2))
+        return {"run": str(folder / "run"), "stdout": proc.stdout}
+
+    out = build_once(tmp_path_factory, "accum2", build)
+    return pathlib.Path(out["run"]), out["stdout"]
+
+
+@pytest.fixture(scope="session")
+def accum2_stopped_at_30(dataset, tmp_path_factory):
+    """The ACCUM2 run stopped at step 30 (train.stop_at_step) with its checkpoints at 10, 20 and 30, trained once;
+    tests resume, truncate or strip copies of it."""
+    def build(folder):
+        proc = train_ok(*tiny_train_args(dataset, folder / "run", *ACCUM2, "--set", "train.stop_at_step=30"))
+        assert "stopped at step 30" in proc.stdout and "accumulation 2" in proc.stdout
+        return str(folder / "run")
+
+    return pathlib.Path(build_once(tmp_path_factory, "accum2_stopped_at_30", build))
+
+
+def copy_run(run, to):
+    """A copy of a shared run directory to change."""
+    import shutil
+
+    shutil.copytree(run, to)
+    return to
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def msrun_train(dataset, run_dir, logs, *extra, env=None):
+    """Train the tiny config on 2 ranks under msrun; returns {rank: worker log text}."""
+    args = tiny_train_args(dataset, run_dir, *extra)[1:]
+    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}", "--join=True",
+           "--cluster_time_out=120", f"--log_dir={logs}", os.path.join(ROOT, "train.py"), *args]
+    env = dict(os.environ, GLOG_v="3", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
+               **(env or {}))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    worker_logs = {r: (logs / f"worker_{r}.log").read_text() for r in range(2)}
+    assert proc.returncode == 0, proc.stdout[-2000:] + worker_logs[0][-2000:] + worker_logs[1][-2000:]
+    return worker_logs
+
+
+@pytest.fixture(scope="session")
+def msrun_accum2(dataset, tmp_path_factory):
+    """ACCUM2's training on 2 ranks under msrun (micro batch 2 per rank, accumulation 2: the same global batch of
+    8), trained once per session with a compile cache of its own: (run dir, {rank: worker log}, cache env). Tests
+    that use it are marked `serial`."""
+    if shutil.which("msrun") is None:
+        pytest.skip("msrun not installed")
+
+    def build(folder):
+        cache = folder / "cache"
+        cache.mkdir()
+        kernels = os.path.join(os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm")), "kernels")
+        if os.path.isdir(kernels):
+            os.symlink(kernels, cache / "kernels")
+        env = {"MS_LLM_CACHE": str(cache)}
+        logs = msrun_train(dataset, folder / "run", folder / "logs", *ACCUM2, "--set", "train.micro_batch_size=2",
+                           env=env)
+        return {"run": str(folder / "run"), "logs": logs, "env": env}
+
+    out = build_once(tmp_path_factory, "msrun_accum2", build)
+    return pathlib.Path(out["run"]), {int(r): text for r, text in out["logs"].items()}, out["env"]
+
+
+CLEAN_KINDS = ["gpt2_monitors", "llama", "fp16", "msrun_2ranks", "resumed", "profiled"]
+
+
+@pytest.fixture(scope="session")
+def clean_runs(dataset, tmp_path_factory):
+    """The healthy runs diagnose must stay quiet on, trained once per session (in-process, as tests/faults train):
+    220 steps with every monitor on (past diagnose's 200-step gate), Llama, float16, stopped at 100 and resumed,
+    and profiled over steps 20-30 (whose logs and run_info the profiler tests read too). The 2-rank kind is the
+    session's msrun_accum2 run. {kind: run dir}."""
+    def build(root):
+        from faultkit import sets, tiny_cfg, train
+        from ms_llm.train.trainer import run as run_training
+
+        runs = {name: root / name for name in CLEAN_KINDS if name != "msrun_2ranks"}
+        base = sets("train.max_steps=200", "train.eval_interval=50")
+        train(tiny_cfg(dataset, *sets("train.max_steps=220", "train.eval_interval=100", "monitor.nan_check=true",
+                                      "monitor.tensor_stats.every=100", "train.anomaly=true")), runs["gpt2_monitors"])
+        train(tiny_cfg(dataset, *base, *sets("model.arch=llama")), runs["llama"])
+        train(tiny_cfg(dataset, *sets("train.max_steps=100", "train.eval_interval=50",
+                                      "precision.compute_dtype=float16")), runs["fp16"])
+        train(tiny_cfg(dataset, *base, *sets("train.stop_at_step=100")), runs["resumed"])
+        run_training(tiny_cfg(dataset, *base), run_dir=str(runs["resumed"]), resume=True, echo=lambda *a: None)
+        train(tiny_cfg(dataset, *base, *sets("monitor.profile.start_step=20", "monitor.profile.stop_step=30")),
+              runs["profiled"])
+        return {name: str(path) for name, path in runs.items()}
+
+    return {name: pathlib.Path(path) for name, path in build_once(tmp_path_factory, "clean_runs", build).items()}

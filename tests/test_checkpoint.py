@@ -1,8 +1,12 @@
-"""Checkpoints that never lose work: exact resume, crash safety, preemption, remote copies, bad input."""
+"""Checkpoints that never lose work: exact resume, crash safety, preemption, remote copies, bad input.
+
+The reference for "exact" is one uninterrupted run at accumulation 2 (conftest.accum2_run), and the runs stopped at
+step 30 are one shared run too (conftest.accum2_stopped_at_30): each test resumes, truncates or strips a copy."""
 import json
 import os
 import random
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -11,12 +15,11 @@ import time
 import numpy as np
 import pytest
 
-from conftest import ROOT, ms_llm, tiny_train_args
+from conftest import ACCUM2, ROOT, copy_run, ms_llm, tiny_train_args
 from ms_llm.checkpoint import store
+from ms_llm.cli import main
 
-# accumulation 2: resume must restore what the accumulating graph and the updating graph share
-RUN = ["--set", "train.max_steps=60", "--set", "checkpoint.save_interval=10", "--set", "train.eval_interval=20",
-       "--set", "train.micro_batch_size=4", "--set", "train.log_interval=1"]
+RUN = ACCUM2  # accumulation 2: resume must restore what the accumulating graph and the updating graph share
 
 
 def losses(run_dir):
@@ -40,26 +43,29 @@ def ok(proc):
     return proc
 
 
-def refused(proc, *words):
-    assert proc.returncode == 2, proc.stdout[-1500:] + proc.stderr[-3000:]
-    assert "Traceback" not in proc.stderr
+def refused(code, capsys, *words):
+    """An in-process refusal through the CLI's main: exit 2 and one paragraph naming `words`."""
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err, err
     for w in words:
-        assert w in proc.stderr, proc.stderr
-    return proc
+        assert w in err, err
+
+
+def cli(*args):
+    return main([str(a) for a in args])
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(dataset, tmp_path_factory):
-    run = tmp_path_factory.mktemp("ref") / "run"
-    proc = ok(ms_llm(*tiny_train_args(dataset, run, *RUN)))
-    return run, digest(proc.stdout)
+def uninterrupted(accum2_run):
+    run, stdout = accum2_run
+    return run, digest(stdout)
 
 
-def test_stop_and_resume_is_bit_identical(dataset, uninterrupted, tmp_path):
+@pytest.mark.slow
+def test_stop_and_resume_is_bit_identical(dataset, uninterrupted, accum2_stopped_at_30, tmp_path):
     ref, ref_digest = uninterrupted
-    run = tmp_path / "run"
-    first = ok(ms_llm(*tiny_train_args(dataset, run, *RUN, "--set", "train.stop_at_step=30")))
-    assert "stopped at step 30" in first.stdout and "accumulation 2" in first.stdout
+    run = copy_run(accum2_stopped_at_30, tmp_path / "run")
     resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume"))
     assert "resuming at step 30" in resumed.stdout
     assert losses(run) == losses(ref)  # the loss of every step and every val loss, bit for bit
@@ -69,29 +75,18 @@ def test_stop_and_resume_is_bit_identical(dataset, uninterrupted, tmp_path):
     assert all(np.array_equal(a[k], b[k]) for k in a)  # weights, moments, loss scale, counters
 
 
-def test_safetensors_format_and_async_save_resume_identically(dataset, uninterrupted, tmp_path):
+@pytest.mark.slow
+def test_truncated_newest_checkpoint_falls_back_with_one_line_warning(dataset, uninterrupted, accum2_stopped_at_30,
+                                                                      tmp_path):
     ref, ref_digest = uninterrupted
-    run = tmp_path / "run"
-    extra = ["--set", "checkpoint.format=safetensors", "--set", "checkpoint.async_save=true",
-             "--set", "checkpoint.keep_last=3"]
-    ok(ms_llm(*tiny_train_args(dataset, run, *RUN, *extra, "--set", "train.stop_at_step=30")))
-    assert (run / "checkpoints" / "rank_0" / "step_00000030.safetensors").is_file()
-    resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN, *extra), "--resume"))
-    assert digest(resumed.stdout) == ref_digest and losses(run) == losses(ref)
-    assert len(store.list_checkpoints(store.rank_dir(str(run), 0))) == 3  # keep_last pruned the rest
-
-
-def test_truncated_newest_checkpoint_falls_back_with_one_line_warning(dataset, uninterrupted, tmp_path):
-    ref, ref_digest = uninterrupted
-    run = tmp_path / "run"
-    ok(ms_llm(*tiny_train_args(dataset, run, *RUN, "--set", "train.stop_at_step=30")))
+    run = copy_run(accum2_stopped_at_30, tmp_path / "run")
     newest = run / "checkpoints" / "rank_0" / "step_00000030.ckpt"
     newest.write_bytes(newest.read_bytes()[:1000])
     resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume"))
     warnings = [l for l in (resumed.stdout + resumed.stderr).splitlines() if "unusable" in l]
     assert len(warnings) == 1 and "step 30" in warnings[0] and "truncated" in warnings[0]
     assert "resuming at step 20" in resumed.stdout
-    assert digest(resumed.stdout) == ref_digest
+    assert digest(resumed.stdout) == ref_digest and losses(run) == losses(ref)
 
 
 def train_in_background(args, env=None):
@@ -110,28 +105,29 @@ def wait_for_step(run, step, proc, timeout=120):
                 return
         except (FileNotFoundError, json.JSONDecodeError):
             pass
-        time.sleep(0.05)
+        time.sleep(0.02)
     raise AssertionError(f"no step {step} within {timeout}s")
 
 
-def test_kill_9_then_auto_resume_ends_like_an_uninterrupted_run(dataset, tmp_path):
-    long = ["--set", "train.max_steps=400", "--set", "checkpoint.save_interval=10", "--set", "train.log_interval=10",
-            "--set", "train.eval_interval=0", "--set", "checkpoint.auto_resume=true", "--set", "train.micro_batch_size=4"]
-    ref = tmp_path / "ref"
-    ok(ms_llm(*tiny_train_args(dataset, ref, *long)))
+@pytest.mark.slow
+def test_kill_9_then_auto_resume_ends_like_an_uninterrupted_run(dataset, uninterrupted, tmp_path):
+    """Killed at a random moment after step 12 (mid-step, mid-save or mid-log), the same command resumes from the
+    newest intact checkpoint and logs what the uninterrupted run logged, step for step."""
+    ref, ref_digest = uninterrupted
+    args = [*RUN, "--set", "checkpoint.auto_resume=true"]
     run = tmp_path / "run"
-    proc = train_in_background(tiny_train_args(dataset, run, *long))
-    wait_for_step(run, 30, proc)
-    time.sleep(random.uniform(0.0, 0.4))  # a random moment: mid-step, mid-save, mid-log
+    proc = train_in_background(tiny_train_args(dataset, run, *args))
+    wait_for_step(run, 12, proc)  # the checkpoint of step 10 is written before step 11 starts
+    time.sleep(random.uniform(0.0, 0.1))
     proc.kill()
     proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    again = ok(ms_llm(*tiny_train_args(dataset, run, *long)))  # same command: auto_resume picks it up
-    assert "resuming at step" in again.stdout
-    assert losses(run)[0][-1] == losses(ref)[0][-1]
-    assert losses(run)[1] == losses(ref)[1]  # the final validation loss too
+    assert proc.returncode == -signal.SIGKILL  # killed before the end: over 40 steps were still to come
+    again = ok(ms_llm(*tiny_train_args(dataset, run, *args)))  # same command: auto_resume picks it up
+    assert re.search(r"resuming at step (10|20|30|40|50)\b", again.stdout), again.stdout[-1500:]
+    assert losses(run) == losses(ref) and digest(again.stdout) == ref_digest
 
 
+@pytest.mark.slow
 def test_sigterm_saves_and_exits_zero_quickly(dataset, tmp_path):
     run = tmp_path / "run"
     proc = train_in_background(tiny_train_args(dataset, run, "--set", "train.max_steps=100000",
@@ -149,87 +145,116 @@ def test_sigterm_saves_and_exits_zero_quickly(dataset, tmp_path):
     assert step == events[-1]["step"] and manifest["consumed_samples"] == step * 8
 
 
+@pytest.mark.slow
 def test_second_signal_aborts_without_damaging_saved_checkpoints(dataset, tmp_path):
+    """The second SIGTERM, sent once the first one is acknowledged (while the step finishes, the checkpoint is
+    written or the process winds down), aborts with 128 + SIGTERM; every checkpoint on disk is complete or never
+    claimed. (SIGTERM: MindSpore's runtime turns a SIGINT into a SIGTERM, so both arrive as SIGTERM.)"""
     run = tmp_path / "run"
     proc = train_in_background(tiny_train_args(dataset, run, "--set", "train.max_steps=100000",
                                                "--set", "checkpoint.save_interval=5", "--set", "train.log_interval=5"))
     wait_for_step(run, 10, proc)
-    proc.send_signal(signal.SIGINT)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + 60  # two signals sent at once can be delivered as one: wait for the first's receipt
+    while "received SIGTERM" not in (run / "logs" / "train.log").read_text() and time.time() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
-    assert proc.returncode in (128 + signal.SIGINT, 0)  # 0 only if the save finished between the two signals
+    assert proc.returncode == 128 + signal.SIGTERM
     directory = store.rank_dir(str(run), 0)
-    for step in store.list_checkpoints(directory):
+    steps = store.list_checkpoints(directory)
+    assert steps and store.newest_valid(directory)[0] is not None  # steps 5 and 10 were saved before the signals
+    for step in steps:
         manifest, why = store.verify(directory, step)
         assert manifest is not None or why.startswith("no manifest"), why  # complete, or never claimed complete
 
 
-def test_remote_copy_and_pull_into_an_empty_run_dir(dataset, uninterrupted, tmp_path):
-    ref, ref_digest = uninterrupted
-    remote = tmp_path / "bucket"
-    args = [*RUN, "--set", f"checkpoint.remote_dir={remote}", "--set", "checkpoint.auto_resume=true"]
-    ok(ms_llm(*tiny_train_args(dataset, tmp_path / "node1", *args, "--set", "train.stop_at_step=30")))
-    assert (remote / "checkpoints" / "rank_0" / "step_00000030.ckpt").is_file()
-    assert (remote / "metrics.jsonl").is_file() and (remote / "checkpoints" / "rank_0" / "latest").is_file()
-    # the job restarts on another machine: empty local run dir, same remote
-    again = ok(ms_llm(*tiny_train_args(dataset, tmp_path / "node2", *args)))
-    assert "pulled checkpoint step 30" in again.stdout and digest(again.stdout) == ref_digest
-    assert (remote / "checkpoints" / "rank_0" / "step_00000060.ckpt").is_file()
+def test_the_first_signal_asks_for_a_stop_and_the_second_exits_at_once(monkeypatch):
+    from ms_llm.train.preemption import Preemption
+
+    exits, lines = [], []
+    monkeypatch.setattr("os._exit", exits.append)
+    with Preemption(lines.append) as p:
+        assert not p.requested
+        p._handle(signal.SIGTERM, None)
+        assert p.requested and p.signum == signal.SIGTERM and exits == [] and "received SIGTERM" in lines[0]
+        p._handle(signal.SIGINT, None)
+        assert exits == [128 + signal.SIGINT]
 
 
-def test_bad_checkpoint_inputs_exit_2_and_delete_nothing(dataset, uninterrupted, tmp_path):
-    ref, _ = uninterrupted
+@pytest.mark.slow
+def test_bad_checkpoint_inputs_exit_2_and_delete_nothing(dataset, uninterrupted, tmp_path, capsys):
+    ref = copy_run(uninterrupted[0], tmp_path / "ref")
     before = sorted(os.listdir(ref / "checkpoints" / "rank_0"))
-    refused(ms_llm(*tiny_train_args(dataset, ref, *RUN, "--set", "model.hidden_size=64"), "--resume"),
+    refused(cli(*tiny_train_args(dataset, ref, *RUN, "--set", "model.hidden_size=64"), "--resume"), capsys,
             "different model", "model.hidden_size: checkpoint 32, now 64")
-    refused(ms_llm(*tiny_train_args(dataset, tmp_path / "nothing", *RUN), "--resume"), "nothing to resume")
-    refused(ms_llm(*tiny_train_args(dataset, tmp_path / "x", *RUN), "--weights-only"), "only applies with --resume")
-    refused(ms_llm(*tiny_train_args(dataset, tmp_path / "y", *RUN, "--set", "checkpoint.remote_dir=obs://bucket/run")),
-            "moxing")
-    refused(ms_llm(*tiny_train_args(dataset, tmp_path / "z", *RUN, "--set", "checkpoint.load_weights=/no/such.ckpt")),
-            "does not exist")
+    refused(cli(*tiny_train_args(dataset, tmp_path / "nothing", *RUN), "--resume"), capsys, "nothing to resume")
+    refused(cli(*tiny_train_args(dataset, tmp_path / "x", *RUN), "--weights-only"), capsys,
+            "only applies with --resume")
+    refused(cli(*tiny_train_args(dataset, tmp_path / "y", *RUN, "--set", "checkpoint.remote_dir=obs://bucket/run")),
+            capsys, "moxing")
+    refused(cli(*tiny_train_args(dataset, tmp_path / "z", *RUN, "--set", "checkpoint.load_weights=/no/such.ckpt")),
+            capsys, "does not exist")
+    blocker = tmp_path / "notes.txt"
+    blocker.write_text("a file where a folder was expected")
+    refused(cli(*tiny_train_args(dataset, blocker / "run")), capsys, f"lies under '{blocker}', which is a file")
+    assert blocker.read_text() == "a file where a folder was expected"
     assert sorted(os.listdir(ref / "checkpoints" / "rank_0")) == before
     for d in ("nothing", "x", "y", "z"):
         assert not (tmp_path / d).exists()
 
 
-def test_weights_only_resume_of_a_checkpoint_without_optimizer_state(dataset, tmp_path):
-    run = tmp_path / "run"
-    ok(ms_llm(*tiny_train_args(dataset, run, *RUN, "--set", "train.stop_at_step=20")))
+@pytest.mark.slow
+def test_weights_only_resume_of_a_checkpoint_without_optimizer_state(dataset, accum2_stopped_at_30, tmp_path):
+    run = copy_run(accum2_stopped_at_30, tmp_path / "run")
     directory = store.rank_dir(str(run), 0)
+    for name in os.listdir(directory):  # the run as it was at step 20
+        if name.startswith("step_00000030"):
+            os.remove(os.path.join(directory, name))
     _, arrays = final_tensors(run)
     weights = {k: v for k, v in arrays.items() if not k.startswith(("adam_", "loss_scale", "good_steps",
                                                                      "global_step", "rng_state"))}
     with open(os.path.join(directory, "step_00000020.json")) as f:
         meta = json.load(f)
     store.save(directory, 20, weights, {k: meta[k] for k in ("consumed_samples", "epoch", "config", "host")})
-    refused(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume"), "no optimizer", "--weights-only")
+    proc = ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume")
+    assert proc.returncode == 2 and "no optimizer" in proc.stderr and "--weights-only" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
     resumed = ok(ms_llm(*tiny_train_args(dataset, run, *RUN), "--resume", "--weights-only"))
     assert "optimizer state, loss scale and step counters start fresh" in resumed.stdout
 
 
-def test_modelarts_data_url_and_train_url(dataset, tmp_path):
-    """train.py as ModelArts starts it: dataset copied in, results copied out, restart continues."""
+@pytest.mark.slow
+def test_modelarts_remote_copy_and_restart_on_a_fresh_machine(dataset, uninterrupted, tmp_path):
+    """train.py as ModelArts starts it: the dataset copied in from --data_url, every checkpoint and the metrics
+    copied out to --train_url (remote_dir), written as safetensors in a background thread with keep_last 3; the job
+    restarted on a fresh machine (empty local cache) pulls the newest remote checkpoint and ends exactly like the
+    uninterrupted run."""
+    ref, ref_digest = uninterrupted
     obs = tmp_path / "obs"
-    env = {"MS_LLM_MODELARTS_CACHE": str(tmp_path / "cache")}
-    import shutil
+    env = dict(os.environ, GLOG_v="3", MS_LLM_MODELARTS_CACHE=str(tmp_path / "cache"))
     shutil.copytree(dataset, obs / "dataset")
-    args = tiny_train_args(dataset, "unused", *RUN)[1:]
+    args = tiny_train_args(dataset, "unused", *RUN, "--set", "checkpoint.format=safetensors",
+                           "--set", "checkpoint.async_save=true", "--set", "checkpoint.keep_last=3")[1:]
     i = args.index(f"data.dataset_dir={dataset}")
     del args[i - 1:i + 1]  # the dataset comes from --data_url instead
     i = args.index("--run-dir")
     del args[i:i + 2]  # and the run directory is ModelArts' local cache
     cmd = [sys.executable, os.path.join(ROOT, "train.py"), f"--data_url={obs / 'dataset'}",
            f"--train_url={obs / 'output'}", *args, "--set", "train.stop_at_step=30"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, GLOG_v="3", **env))
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (tmp_path / "cache" / "data" / "manifest.json").is_file()
-    assert (obs / "output" / "checkpoints" / "rank_0" / "step_00000030.ckpt").is_file()
+    remote = obs / "output" / "checkpoints" / "rank_0"
+    assert (remote / "step_00000030.safetensors").is_file() and (remote / "latest").is_file()
+    assert (obs / "output" / "metrics.jsonl").is_file()
     shutil.rmtree(tmp_path / "cache")  # the restarted job lands on a fresh machine
-    proc = subprocess.run(cmd[:-2], cwd=ROOT, capture_output=True, text=True, env=dict(os.environ, GLOG_v="3", **env))
+    proc = subprocess.run(cmd[:-2], cwd=ROOT, capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "pulled checkpoint step 30" in proc.stdout and "resuming at step 30" in proc.stdout
-    assert (obs / "output" / "checkpoints" / "rank_0" / "step_00000060.ckpt").is_file()
+    assert digest(proc.stdout) == ref_digest and losses(tmp_path / "cache" / "run") == losses(ref)
+    assert (remote / "step_00000060.safetensors").is_file()
+    assert len(store.list_checkpoints(store.rank_dir(str(tmp_path / "cache" / "run"), 0))) == 3  # keep_last pruned
 
 
 def test_remote_urls_are_printed_without_credentials():
@@ -239,6 +264,7 @@ def test_remote_urls_are_printed_without_credentials():
     assert redact("s3://bucket/run") == "s3://bucket/run"
 
 
+@pytest.mark.slow
 def test_anomaly_guard_rolls_back_after_repeated_non_finite_steps(dataset, tmp_path, monkeypatch):
     """Three consecutive non-finite steps (simulated) → weights of the last checkpoint, learning rate halved."""
     import mindspore as ms
@@ -270,6 +296,7 @@ def test_anomaly_guard_rolls_back_after_repeated_non_finite_steps(dataset, tmp_p
     assert at_30["lr"] == pytest.approx(0.5 * lr_at(29, cfg.train))
 
 
+@pytest.mark.slow
 def test_a_run_whose_every_update_overflows_stops_with_a_checkpoint_instead_of_reporting_done(dataset, tmp_path):
     """float16 with a huge init overflows at every loss scale: the scale reaches its floor of 1, the next
     overflow stops the run (exit 3) with a checkpoint and the command that finds the culprit."""
@@ -303,6 +330,7 @@ def test_skipped_steps_stop_rules():
     assert "floor of 1 and step 3 still overflowed" in dynamic.update(3, 1, 1.0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
 def test_a_full_disk_during_a_checkpoint_write_ends_in_one_paragraph_and_keeps_earlier_checkpoints(
         dataset, tmp_path, monkeypatch, async_save):
@@ -337,10 +365,3 @@ def test_a_full_disk_during_a_checkpoint_write_ends_in_one_paragraph_and_keeps_e
     steps = [json.loads(l)["step"] for l in open(out / "metrics.jsonl") if '"loss"' in l]
     assert max(steps) <= 21  # with async_save the failure stops training at the next step
     assert "could not be written" in (out / "logs" / "rank_0.log").read_text()  # what ended the run stays in logs/
-
-
-def test_a_run_dir_under_a_regular_file_is_refused_in_one_paragraph(dataset, tmp_path):
-    blocker = tmp_path / "notes.txt"
-    blocker.write_text("a file where a folder was expected")
-    refused(ms_llm(*tiny_train_args(dataset, blocker / "run")), f"lies under '{blocker}', which is a file")
-    assert blocker.read_text() == "a file where a folder was expected"

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, ms_llm, tiny_train_args
+from ms_llm.cli import main
 
 
 def assert_clean_refusal(proc, *words):
@@ -15,10 +16,24 @@ def assert_clean_refusal(proc, *words):
         assert w in proc.stderr, proc.stderr
 
 
+def refused_in_process(capsys, args, *words):
+    """The CLI's main in this process (argparse's own refusals exit through SystemExit): exit 2, and the words."""
+    try:
+        code = main([str(a) for a in args])
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
+    for w in words:
+        assert w in err, err
+
+
+@pytest.mark.slow
 def test_train_writes_a_complete_run_directory_and_samples(dataset, tmp_path):
     run = tmp_path / "run"
     proc = ms_llm(*tiny_train_args(dataset, run, "--set", "train.max_steps=40", "--set", "train.eval_interval=20",
-                                   "--set", "monitor.tensorboard=true", "--set", "monitor.telemetry_interval_s=0.5"))
+                                   "--set", "monitor.tensorboard=true", "--set", "monitor.telemetry_interval_s=0.5",
+                                   "--set", "monitor.report=true", "--set", "monitor.summary=true"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     cfg = yaml.safe_load((run / "config.yaml").read_text())
     assert cfg["train"]["max_steps"] == 40 and cfg["train"]["eval_interval"] == 20  # --set is reflected
@@ -90,49 +105,53 @@ def greedy_reference(run, prompt, n):
     return tokenizer.decode(ids)
 
 
-def test_bad_config_inputs_exit_2_without_traceback(dataset, tmp_path):
+@pytest.mark.slow
+def test_bad_config_inputs_exit_2_without_traceback(dataset, tmp_path, capsys):
+    """One real process (the exit code and stderr a user sees), the other refusals through main in-process."""
     assert_clean_refusal(ms_llm("train", "--config", str(tmp_path / "nope.yaml")), "does not exist")
     bad = tmp_path / "bad.yaml"
     bad.write_text("model:\n  num_layers: 4\n   hidden_size: 3\n")
-    assert_clean_refusal(ms_llm("train", "--config", str(bad)), "not valid YAML")
-    assert_clean_refusal(ms_llm(*tiny_train_args(dataset, tmp_path / "r1", "--set", "train.lerning_rate=1")),
-                         "unknown key 'lerning_rate'", "section 'train'")
-    assert_clean_refusal(ms_llm(*tiny_train_args(dataset, tmp_path / "r2", "--set", "model.num_layers=two")),
-                         "model.num_layers", "expected int")
-    assert_clean_refusal(ms_llm("train", "--config"), "expected one argument")
+    refused_in_process(capsys, ["train", "--config", bad], "not valid YAML")
+    refused_in_process(capsys, tiny_train_args(dataset, tmp_path / "r1", "--set", "train.lerning_rate=1"),
+                       "unknown key 'lerning_rate'", "section 'train'")
+    refused_in_process(capsys, tiny_train_args(dataset, tmp_path / "r2", "--set", "model.num_layers=two"),
+                       "model.num_layers", "expected int")
+    refused_in_process(capsys, ["train", "--config"], "expected one argument")
     # an Ascend config on a host whose MindSpore has only the CPU backend (this machine)
-    assert_clean_refusal(ms_llm("train", "--config", os.path.join(ROOT, "configs", "llama2_7b_8p.yaml"), "--dry-run"),
-                         "context.device_target = Ascend", "--set context.device_target=auto")
+    refused_in_process(capsys, ["train", "--config", os.path.join(ROOT, "configs", "llama2_7b_8p.yaml"), "--dry-run"],
+                       "context.device_target = Ascend", "--set context.device_target=auto")
     assert not (tmp_path / "r1").exists() and not (tmp_path / "r2").exists()
 
 
-def test_data_mismatch_and_missing_data_exit_2(dataset, tmp_path):
-    assert_clean_refusal(ms_llm(*tiny_train_args(dataset, tmp_path / "r1", "--set", "model.seq_length=64")),
-                         "model.seq_length = 64 is larger")
-    assert_clean_refusal(ms_llm(*tiny_train_args(dataset, tmp_path / "r2", "--set", "model.vocab_size=10")),
-                         "model.vocab_size = 10 is smaller")
-    assert_clean_refusal(ms_llm(*tiny_train_args(str(tmp_path / "no_data"), tmp_path / "r3")),
-                         "manifest.json missing", "ms-llm preprocess")
+def test_data_mismatch_and_missing_data_exit_2(dataset, tmp_path, capsys):
+    refused_in_process(capsys, tiny_train_args(dataset, tmp_path / "r1", "--set", "model.seq_length=64"),
+                       "model.seq_length = 64 is larger")
+    refused_in_process(capsys, tiny_train_args(dataset, tmp_path / "r2", "--set", "model.vocab_size=10"),
+                       "model.vocab_size = 10 is smaller")
+    refused_in_process(capsys, tiny_train_args(str(tmp_path / "no_data"), tmp_path / "r3"),
+                       "manifest.json missing", "ms-llm preprocess")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    assert_clean_refusal(ms_llm(*tiny_train_args(str(tmp_path / "new_data"), tmp_path / "r4",
-                                                 "--set", f"data.source={empty}")), "holds no text")
+    refused_in_process(capsys, tiny_train_args(str(tmp_path / "new_data"), tmp_path / "r4",
+                                               "--set", f"data.source={empty}"), "holds no text")
     for r in ("r1", "r2", "r3", "r4"):
         assert not (tmp_path / r).exists()
 
 
-def test_preprocess_command(corpus, tmp_path):
+@pytest.mark.slow
+def test_preprocess_command(corpus, tmp_path, capsys):
     out = tmp_path / "ds"
     proc = ms_llm("preprocess", "--input", corpus, "--output-dir", str(out), "--seq-length", "16",
                   "--tokenizer", "byte")
     assert proc.returncode == 0, proc.stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["tokenizer"]["kind"] == "byte" and manifest["seq_length"] == 16
-    assert_clean_refusal(ms_llm("preprocess", "--input", corpus, "--output-dir", str(out), "--seq-length", "16"),
-                         "already holds a dataset", "--overwrite")
-    assert_clean_refusal(ms_llm("preprocess", "--input", corpus), "--output-dir", "--seq-length")
+    refused_in_process(capsys, ["preprocess", "--input", corpus, "--output-dir", out, "--seq-length", "16"],
+                       "already holds a dataset", "--overwrite")
+    refused_in_process(capsys, ["preprocess", "--input", corpus], "--output-dir", "--seq-length")
 
 
+@pytest.mark.slow
 def test_compile_cache_reuses_only_identical_graphs(dataset, tmp_path):
     env = {"MS_LLM_CACHE": str(tmp_path / "cache")}
     runs = {}
@@ -159,21 +178,23 @@ def test_compile_cache_reuses_only_identical_graphs(dataset, tmp_path):
     assert losses("c")[-1] != a[-1]
 
 
-def test_profile_window_prints_top_operators(dataset, tmp_path):
-    run = tmp_path / "run"
-    proc = ms_llm(*tiny_train_args(dataset, run, "--set", "train.max_steps=12", "--set", "monitor.profile.start_step=4",
-                                   "--set", "monitor.profile.stop_step=8"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "top 10 operators over 4 profiled steps" in proc.stdout and "MatMul" in proc.stdout
+@pytest.mark.slow
+def test_profile_window_prints_top_operators(clean_runs):
+    """The session's profiled clean run (steps 20-30 profiled): its console, profile output, top operators and
+    the window's events."""
+    run = clean_runs["profiled"]
+    console = (run / "logs" / "train.log").read_text()
+    assert "top 10 operators over 10 profiled steps" in console and "MatMul" in console
     assert any((run / "profile" / "rank_0").iterdir())
     top = json.loads((run / "run_info.json").read_text())["final"]["profile_top_ops"]
     assert len(top) == 10 and top[0]["ms_per_step"] >= top[-1]["ms_per_step"] > 0
     # the window is marked in the metrics, so its slower steps are not read as an anomaly
     events = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines() if '"event"' in l]
     window = [(e["event"], e["step"]) for e in events if e["event"].startswith("profile_")]
-    assert window == [("profile_start", 4), ("profile_stop", 8)]
+    assert window == [("profile_start", 20), ("profile_stop", 30)]
 
 
+@pytest.mark.slow
 def test_doctor_checks_the_machine_and_smoke_trains(tmp_path):
     proc = ms_llm("doctor", "--run-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -184,6 +205,7 @@ def test_doctor_checks_the_machine_and_smoke_trains(tmp_path):
     assert "[WARN] ASCEND_GLOBAL_LOG_LEVEL" in noisy.stdout and "set 3" in noisy.stdout
 
 
+@pytest.mark.slow
 def test_overfit_command_passes_on_a_healthy_model(dataset):
     proc = ms_llm("debug", "overfit", "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"),
                   "--set", f"data.dataset_dir={dataset}", "--set", "data.source=null", "--set", "model.seq_length=32",

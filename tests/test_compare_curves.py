@@ -76,11 +76,17 @@ def test_golden_round_trip_and_gate(tmp_path, capsys):
 
 
 def test_val_loss_compares_the_evaluations(tmp_path, capsys):
+    """Another seed moves the evaluations by noise (within the 2% default: exit 0); a 3x LR parts them (exit 1)."""
     a = make_run(tmp_path / "a", steps=1000, eval_interval=250)
     b = make_run(tmp_path / "b", steps=1000, eval_interval=250, seed=9)
-    cli("compare-curves", a, b, "--metric", "val_loss", "--json")
+    assert cli("compare-curves", a, b, "--metric", "val_loss", "--json") == 0
     res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert res["common_steps"] == 4 and res["metric"] == "val_loss"
+    assert 0 < res["max_abs_diff"] < 0.02 * 2.4 and not res["parted"]
+    c = make_run(tmp_path / "c", steps=1000, eval_interval=250, lr=3e-3)
+    assert cli("compare-curves", c, a, "--metric", "val_loss", "--json") == 1
+    res = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert res["parted"] and res["first_part_step"] == 250
 
 
 @pytest.mark.parametrize("setup, message", [

@@ -33,6 +33,7 @@ def train(args, env):
 
 @pytest.mark.parametrize("micro,extra", [(8, []), (4, ["--set", "precision.compute_dtype=float16"]), (2, [])],
                          ids=["accum1", "accum2-fp16", "accum4"])
+@pytest.mark.slow
 def test_reused_graph_trains_exactly_like_a_fresh_compile(dataset, tmp_path, cache, micro, extra):
     args = ["--set", f"train.micro_batch_size={micro}", *STEPS, *extra]
     fresh = train(tiny_train_args(dataset, tmp_path / "fresh", *args), cache)
@@ -43,6 +44,7 @@ def test_reused_graph_trains_exactly_like_a_fresh_compile(dataset, tmp_path, cac
     assert digest(fresh) == digest(reused)
 
 
+@pytest.mark.slow
 def test_accumulation_three_reuses_exactly(dataset, tmp_path, cache):
     args = ["--set", "train.global_batch_size=6", "--set", "train.micro_batch_size=2", *STEPS]
     fresh = train(tiny_train_args(dataset, tmp_path / "fresh", *args), cache)
@@ -51,6 +53,7 @@ def test_accumulation_three_reuses_exactly(dataset, tmp_path, cache):
     assert metrics(tmp_path / "fresh") == metrics(tmp_path / "reused") and digest(fresh) == digest(reused)
 
 
+@pytest.mark.slow
 def test_a_process_without_an_entry_script_trains_with_the_compile_cache_off(dataset, tmp_path, cache):
     """MindSpore's compile cache reads sys.argv[0] for its dependency files: `python -c`, a notebook or a REPL
     has none, and a compile with the cache on failed there (FileNotFoundError on '<cwd>/-c')."""
@@ -63,6 +66,7 @@ def test_a_process_without_an_entry_script_trains_with_the_compile_cache_off(dat
     assert not os.path.isdir(os.path.join(cache["MS_LLM_CACHE"], "compile"))  # nothing half-cached either
 
 
+@pytest.mark.slow
 def test_an_exported_mindspore_compile_cache_switch_caches_nothing_under_mindspores_own_key(dataset, tmp_path, cache):
     """MindSpore's own cache (MS_COMPILER_CACHE_ENABLE=1, which its docs suggest exporting) keys graphs by the
     source files alone: left on, `sample` of one model loaded the graph of another (seen as a Gather index out
@@ -101,6 +105,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_graph_reading_parameters_its_cell_does_not_own_is_never_reused(dataset, tmp_path, cache):
     """A step graph that reads parameters outside its cell trains right when compiled and wrong when loaded
     from the cache (they become zero copies): such an entry is dropped and the step compiled afresh, and the
@@ -128,6 +133,7 @@ def test_a_graph_reading_parameters_its_cell_does_not_own_is_never_reused(datase
     assert not os.path.isdir(os.path.join(entry, "rank_0"))
 
 
+@pytest.mark.slow
 def test_an_entry_that_does_not_reproduce_its_first_step_is_discarded(dataset, tmp_path, cache):
     """Graphs of another config (learning rate 2x) planted under this config's entry: the first step's update
     differs from the one recorded at fill time, so the run warns once, discards the entry and starts over
@@ -150,6 +156,7 @@ def test_an_entry_that_does_not_reproduce_its_first_step_is_discarded(dataset, t
     assert metrics(tmp_path / "planted") == metrics(tmp_path / "ref") and digest(out) == digest(ref)
 
 
+@pytest.mark.slow
 def test_the_private_call_naming_a_graphs_parameters_still_works(dataset):
     """`graph_parameter_names` relies on MindSpore's private executor API: this fails the day it changes."""
     import numpy as np
@@ -178,3 +185,44 @@ def test_first_step_records_compare_with_a_tolerance_only_devices_need():
     assert first_difference(rec, dict(rec, change=[["w", -6e-4, -1.2e-3]])).startswith("change")
     assert first_difference(rec, dict(rec, outputs=[4.2, 0.75, 0.0, 65536.0])).startswith("outputs")
     assert first_difference(rec, dict(rec, outputs=[4.2 * (1 + 1e-6), 1.5, 0.0, 65536.0])) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["benchmark", "--steps", "3", "--warmup", "0"],
+                                     ["debug", "lr-find", "--steps", "20"],
+                                     ["debug", "overfit", "--steps", "12", "--samples", "8"]],
+                         ids=["benchmark", "lr-find", "overfit"])
+def test_every_driver_recovers_from_an_entry_that_does_not_reproduce_its_first_step(dataset, tmp_path, cache,
+                                                                                      command):
+    """Every command that trains goes through the session's first step, which discards a stale entry and starts
+    over uncached: the second run of each, its entry's record planted wrong, warns once and gives the first's
+    result. (`doctor` trains with the compile cache off.)"""
+    args = tiny_train_args(dataset, "unused")
+    sets = [a for i, a in enumerate(args) if a == "--set" or (i and args[i - 1] == "--set")]
+    if command[0] == "debug" and command[1] == "lr-find":
+        command = command + ["--output-dir", str(tmp_path / "lr")]
+    full = [*command, "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"), *sets]
+
+    def run(out_dir=None):
+        if out_dir:
+            full[full.index("--output-dir") + 1] = out_dir
+        proc = ms_llm(*full, env=cache)
+        assert proc.returncode in (0, 1), proc.stdout[-2000:] + proc.stderr[-3000:]  # overfit: 1 = did not pass
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+        return proc.stdout + proc.stderr
+
+    first = run()
+    entry = re.search(r"compile cache: filling (\S+)", first).group(1)
+    record = os.path.join(entry, "rank_0", "first_step.json")
+    with open(record) as f:
+        rec = json.load(f)
+    rec["outputs"][0] += 1.0  # the loss it "had": a graph of something else
+    with open(record, "w") as f:
+        json.dump(rec, f)
+    second = run(str(tmp_path / "lr2") if "--output-dir" in full else None)
+    assert "compile cache: reusing" in second
+    warnings = [line for line in second.splitlines() if line.startswith("warning")]
+    assert len(warnings) == 1 and "did not reproduce the first step" in warnings[0], second
+    assert not os.path.isdir(os.path.join(entry, "rank_0"))  # discarded
+    if command[1] == "overfit":  # the same numbers as the first, uncached-from-the-start run
+        assert re.search(r"curve: .*", first).group(0) == re.search(r"curve: .*", second).group(0)

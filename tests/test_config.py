@@ -1,7 +1,7 @@
 import pytest
 
 from ms_llm.config import load_config, check_against_dataset
-from ms_llm.parallel.layout import resolve_layout
+from ms_llm.train.resolve import resolve
 from ms_llm.errors import UserError
 
 
@@ -56,12 +56,12 @@ def test_validation_messages_name_field_value_and_fix(override, words):
 
 def test_global_batch_must_divide_by_micro_times_data_parallel():
     cfg = load_config(None, ["train.global_batch_size=12", "train.micro_batch_size=4"])
-    assert resolve_layout(cfg, 1, "CPU")[1].accumulation == 3  # derived, not configured
+    assert resolve(cfg, 1, "CPU").parallel.accumulation == 3  # derived, not configured
     with pytest.raises(UserError, match="data_parallel × micro_batch_size = 2 × 4 = 8"):
-        resolve_layout(cfg, 2, "CPU")
+        resolve(cfg, 2, "CPU")
     cfg = load_config(None, ["train.global_batch_size=16", "train.micro_batch_size=4"])
-    resolved, plan = resolve_layout(cfg, 2, "CPU")
-    assert plan.accumulation == 2 and resolved.parallel_config.data_parallel == 2
+    resolved = resolve(cfg, 2, "CPU")
+    assert resolved.parallel.accumulation == 2 and resolved.cfg.parallel_config.data_parallel == 2
     assert cfg.parallel_config.data_parallel is None  # the loaded config is left as it was
 
 
@@ -76,16 +76,29 @@ def test_a_loaded_config_is_data_that_nothing_changes():
     assert resolved.model.vocab_size == 66 and cfg.model.vocab_size is None
 
 
+def test_resolve_fills_in_the_launch_the_data_and_the_strategy_dir_once():
+    import dataclasses
+
+    cfg = load_config(None, ["train.global_batch_size=16", "train.micro_batch_size=4"])
+    r = resolve(cfg, 2, "CPU", {"seq_length": 64, "vocab_size": 66}, "runs/x/strategy")
+    assert (r.cfg.parallel_config.data_parallel, r.cfg.model.vocab_size, r.cfg.checkpoint.strategy_dir) == \
+        (2, 66, "runs/x/strategy")
+    assert (r.parallel.dp, r.parallel.accumulation) == (2, 2)
+    assert cfg.parallel_config.data_parallel is None and cfg.model.vocab_size is None  # the loaded one is untouched
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        r.cfg = cfg
+
+
 def test_data_parallel_must_match_world_size():
     cfg = load_config(None, ["parallel_config.data_parallel=4"])
     with pytest.raises(UserError, match="there are 2 devices"):
-        resolve_layout(cfg, 2, "CPU")
+        resolve(cfg, 2, "CPU")
 
 
 def test_model_parallel_refused_on_cpu_with_one_clear_message():
     cfg = load_config(None, ["parallel_config.model_parallel=2"])
     with pytest.raises(UserError, match="needs Ascend"):
-        resolve_layout(cfg, 2, "CPU")
+        resolve(cfg, 2, "CPU")
 
 
 def test_config_must_fit_the_dataset():
@@ -109,15 +122,3 @@ def test_bad_files(tmp_path):
         load_config(write(tmp_path, "- 1\n- 2\n"))
     with pytest.raises(UserError, match="section 'model' must be a mapping"):
         load_config(write(tmp_path, "model: 3\n"))
-
-
-def test_the_readme_config_reference_is_the_schema():
-    """The README's key table is generated from the schema (`python -m ms_llm.config.reference --update
-    README.md`): a key added, removed or re-documented without regenerating it fails here."""
-    import os
-
-    from ms_llm.config.reference import readme_with_reference
-
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md"),
-                  encoding="utf-8").read()
-    assert readme_with_reference(readme) == readme

@@ -7,10 +7,11 @@ import pytest
 
 import ms_llm.data.preprocess as P
 from ms_llm.data.encode import Encoder
-from ms_llm.data.loader import RankStream, SplitIndex, TrainBatches, eval_batches
-from ms_llm.data.manifest import load_manifest, split_shards
+from ms_llm.data.loader import RankStream, TrainBatches, eval_batches
+from ms_llm.data.manifest import load_manifest
 from ms_llm.data.permutation import EXACT_MAX, Permutation
 from ms_llm.data.preprocess import pack, preprocess
+from ms_llm.data.split_index import SplitIndex, split_shards
 from ms_llm.data.tokenizers import ByteTokenizer, from_spec
 from ms_llm.errors import UserError
 
@@ -134,6 +135,40 @@ def test_workers_and_shard_boundaries_do_not_change_the_output(tmp_path, monkeyp
     got = read_all(str(tmp_path / "w1"), "train")
     assert len(got) == m["splits"]["train"]["samples"] == sum(s["samples"] for s in shards)
     assert np.array_equal(got[1:, 0], got[:-1, -1])  # consecutive samples overlap by one token across shards
+
+
+def test_memory_held_while_preprocessing_does_not_grow_with_the_input(tmp_path):
+    """The two things whose size could follow the corpus (issue 22, item 4; the peak RSS itself is measured by
+    benchmarks/preprocess_throughput.py): the worker pool reads at most `window` chunks ahead of what it has
+    handed back, and a shard's in-memory MindRecord index (~1.4 KB a row) is built when its split is closed,
+    after the workers have stopped, not when the shard fills while they still run."""
+    import mindspore.dataset as ds
+
+    from ms_llm.data.shards import ShardWriter
+    from ms_llm.data.workers import ordered_map
+
+    pulled = [0]
+
+    def chunks(n):
+        for i in range(n):
+            pulled[0] += 1
+            yield b"x" * i
+
+    ahead = []
+    for k, (item, n) in enumerate(ordered_map(len, chunks(200), 2, os.getpid, (), window=6)):
+        assert n == len(item) == k  # in input order
+        ahead.append(pulled[0] - k)
+    assert max(ahead) <= 6 + 1
+
+    writer = ShardWriter(str(tmp_path), "train", 17, shard_bytes=17 * 4 * 100)  # 100 samples a shard
+    writer.write(np.arange(250 * 17, dtype=np.int32).reshape(250, 17))
+    full = ["train.mindrecord", "train.00001.mindrecord"]
+    assert all((tmp_path / f).exists() and not (tmp_path / f"{f}.db").exists() for f in full)
+    shards = writer.close()
+    assert [(s["file"], s["samples"]) for s in shards] == list(zip(full + ["train.00002.mindrecord"], [100, 100, 50]))
+    for s in shards:  # each index built and readable, as commit() would have made it
+        assert oct(os.stat(tmp_path / f"{s['file']}.db").st_mode & 0o777) == "0o600"
+        assert ds.MindDataset([str(tmp_path / s["file"])]).get_dataset_size() == s["samples"]
 
 
 def test_documents_are_split_by_hash_and_adding_files_keeps_the_split(tmp_path):

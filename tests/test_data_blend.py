@@ -126,6 +126,7 @@ def test_blend_of_a_missing_dataset_names_it(tmp_path, datasets):
         load_manifest(None, blend=[[0.5, datasets["lower"]], [0.5, str(tmp_path / "nowhere")]])
 
 
+@pytest.mark.slow
 def test_a_training_run_resumed_mid_blend_equals_an_uninterrupted_one(datasets, tmp_path):
     """The trainer reads data.blend (not dataset_dir), and a stop and --resume in the middle of the mixture
     continues exactly: every logged loss, the validation loss and the final parameters."""

@@ -71,6 +71,7 @@ def test_undecodable_bytes_are_reported_with_file_and_offset(tmp_path):
     assert m["bad_lines"] == 1
 
 
+@pytest.mark.slow
 def test_truncated_or_altered_shards_are_caught_before_training(tmp_path, dataset, monkeypatch):
     ds = tmp_path / "ds"
     shutil.copytree(dataset, ds)
@@ -151,6 +152,7 @@ def test_progress_lines_when_not_a_terminal(tmp_path, monkeypatch):
     assert logs[-1].startswith("preprocessed '") and "200 document(s)" in logs[-1]
 
 
+@pytest.mark.slow
 def test_cli_preprocess_many_inputs_and_data_info(tmp_path):
     a = jsonl(tmp_path / "a.jsonl", good_docs(150))
     (tmp_path / "b.txt").write_text(open(os.path.join(ROOT, "data", "tinyshakespeare.txt")).read()[:20000])

@@ -23,6 +23,7 @@ def bpe(tmp_path_factory):
     return str(out)
 
 
+@pytest.mark.slow
 def test_tokenizer_train_writes_a_byte_level_bpe_that_round_trips(bpe, tmp_path):
     tok = build_tokenizer(bpe)
     assert tok.vocab_size == 600 and tok.eod_id == 0 and tok.tok.decoder is not None
@@ -54,6 +55,7 @@ def checksums(directory):
             for n in sorted(os.listdir(directory)) if n != "manifest.json"}
 
 
+@pytest.mark.slow
 def test_adopt_existing_mindrecords_reads_them_in_order(bpe, tmp_path):
     d = str(tmp_path / "mf")
     data = write_mindformers_like(d, 600, 33, 600)
@@ -73,6 +75,7 @@ def test_adopt_existing_mindrecords_reads_them_in_order(bpe, tmp_path):
     # tests/test_interop.py::test_converted_config_trains_20_steps_on_an_adopted_mindformers_mindrecord
 
 
+@pytest.mark.slow
 def test_adopt_refuses_what_would_not_train(bpe, tmp_path):
     d = str(tmp_path / "mf")
     write_mindformers_like(d, 50, 33, 600)

@@ -380,6 +380,7 @@ def test_bad_device_memory_exits_2(tmp_path, capsys):
     assert "--device-memory" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_shell_exit_codes(tmp_path):
     """Through a real process: findings give exit status 1 (CI gate), bad input 2."""
     recs = healthy()
@@ -518,9 +519,14 @@ def test_validation_rising_while_training_falls_is_overfitting(tmp_path):
     assert "memorises the training set" in f.causes[0] and f.confidence == "high"
     assert "--set train.max_steps=1000 (where validation was best)" in " ".join(f.actions)
     assert "--set model.dropout=0.1" in f.actions
-    # less than one epoch: memorising cannot be the cause
-    g = finding(write_run(tmp_path / "early", overfit_curve(), samples=10 ** 6), "overfitting")
-    assert "validation data unlike the training data" in g.causes[0]
+    # less than one epoch: memorising cannot be the cause, and overfitting is not the headline (issue 23): the
+    # training loss of batches seen once is a held-out loss, so validation parting from it is another distribution
+    early = write_run(tmp_path / "early", overfit_curve(), samples=10 ** 6)
+    assert "overfitting" not in ids(early)
+    g = finding(early, "distribution_shift")
+    assert "validation data unlike the training data" in g.symptom and "before any sample repeats" in g.symptom
+    assert not any("dropout" in a or "max_steps" in a for a in g.actions), g.actions
+    assert any("--val-fraction" in a for a in g.actions) and any(a.startswith("ms-llm data info") for a in g.actions)
 
 
 def test_a_widening_gap_while_validation_stalls(tmp_path):
@@ -530,8 +536,12 @@ def test_a_widening_gap_while_validation_stalls(tmp_path):
             r["loss"] = 1.2 + 2.6 * math.exp(-r["step"] / 800)
         else:  # validation stops improving at 2.3 from step 750 while the training loss keeps falling
             r["val_loss"] = max(2.3, 1.25 + 2.6 * math.exp(-r["step"] / 800))
-    f = finding(write_run(tmp_path / "gap", recs, ["train.eval_interval=250"]), "generalisation_gap")
+    f = finding(write_run(tmp_path / "gap", recs, ["train.eval_interval=250"], samples=3000), "generalisation_gap")
     assert "widening" in f.symptom and f.severity == "warning"
+    # the same curve within the first epoch (the default 15,685 samples: 1.5 epochs by step 2000, the gap opening at
+    # 0.96): not memorisation, another distribution
+    shifted = write_run(tmp_path / "gap_early", recs, ["train.eval_interval=250"])
+    assert "generalisation_gap" not in ids(shifted) and "distribution_shift" in ids(shifted)
 
 
 # --- system: contention, profiling, temperature, memory, logs, speedup -----------------------------------
@@ -701,10 +711,13 @@ def test_json_findings_carry_the_confidence_of_the_first_cause(tmp_path, capsys)
     recs = healthy()
     for r in train_only(recs):
         r["data_wait_frac"] = 0.4
-    main(["diagnose", write_run(tmp_path / "j", recs), "--json"])
+    assert main(["diagnose", write_run(tmp_path / "j", recs), "--json"]) == 1
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert out["findings"][0]["confidence"] in ("high", "medium", "low")
-    assert all(c.endswith("]") and "[confidence: " in c for c in out["findings"][0]["causes"])
+    f = out["findings"][0]
+    assert f["id"] == "data_wait" and all(c.endswith("]") and "[confidence: " in c for c in f["causes"])
+    # too few readers and slow storage both fit a steady 40% wait: neither may claim more than medium
+    assert f["confidence"] == "medium" and f["causes"][0].endswith("[confidence: medium]")
+    assert f["causes"][1].startswith("the dataset on slow or network storage") and "medium" in f["causes"][1]
 
 
 def noisy_healthy(seed, noise=0.028, interval=50, steps=2000):

@@ -3,21 +3,16 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, ms_llm, tiny_train_args
+from conftest import ACCUM2, ROOT, free_port, msrun_train
 
-pytestmark = pytest.mark.skipif(shutil.which("msrun") is None, reason="msrun not installed")
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# msrun's two ranks need both cores: under xdist these run while no other test does (conftest)
+pytestmark = [pytest.mark.skipif(shutil.which("msrun") is None, reason="msrun not installed"), pytest.mark.slow,
+              pytest.mark.serial]
 
 
 def losses(run_dir):
@@ -26,31 +21,13 @@ def losses(run_dir):
                                                                     if "val_loss" in r}
 
 
-def msrun_train(dataset, run_dir, logs, *extra, env=None):
-    args = tiny_train_args(dataset, run_dir, *extra)[1:]
-    cmd = ["msrun", "--worker_num=2", "--local_worker_num=2", f"--master_port={free_port()}", "--join=True",
-           "--cluster_time_out=120", f"--log_dir={logs}", os.path.join(ROOT, "train.py"), *args]
-    env = dict(os.environ, GLOG_v="3", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
-               **(env or {}))
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
-    worker_logs = {r: (logs / f"worker_{r}.log").read_text() for r in range(2)}
-    assert proc.returncode == 0, proc.stdout[-2000:] + worker_logs[0][-2000:] + worker_logs[1][-2000:]
-    return worker_logs
-
-
-def test_two_rank_msrun_matches_single_process_and_reuses_its_compiled_graphs(dataset, tmp_path, cache):
-    """Accumulation 2 on each of 2 ranks equals accumulation 2 in one process; a second launch that loads both
-    ranks' graphs from the compile cache trains bit for bit like the launch that compiled them."""
-    steps = ["--set", "train.max_steps=60", "--set", "train.global_batch_size=8", "--set", "train.eval_interval=30"]
-    single = tmp_path / "single"
-    proc = ms_llm(*tiny_train_args(dataset, single, "--set", "train.micro_batch_size=4", *steps))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-
-    multi = tmp_path / "multi"
-    worker_logs = msrun_train(dataset, multi, tmp_path / "logs", "--set", "train.micro_batch_size=2", *steps,
-                              env=cache)
+def test_two_rank_msrun_matches_single_process_and_reuses_its_compiled_graphs(accum2_run, msrun_accum2, dataset,
+                                                                               tmp_path):
+    """Accumulation 2 on each of 2 ranks equals accumulation 2 in one process, step by step; a second launch that
+    loads both ranks' graphs from the compile cache trains bit for bit like the launch that compiled them."""
+    (single, _), (multi, worker_logs, cache) = accum2_run, msrun_accum2
     (l1, v1), (l2, v2) = losses(single), losses(multi)
-    assert sorted(l1) == sorted(l2) == [10, 20, 30, 40, 50, 60]
+    assert sorted(l1) == sorted(l2) == list(range(1, 61)) and sorted(v1) == sorted(v2) == [20, 40, 60]
     for step in l1:
         assert abs(l1[step] - l2[step]) < 1e-4, (step, l1[step], l2[step])
     for step in v1:
@@ -62,7 +39,7 @@ def test_two_rank_msrun_matches_single_process_and_reuses_its_compiled_graphs(da
     assert digests[0] == digests[1]  # ranks hold bit-identical parameters
     assert not (multi / "checkpoints" / "rank_1").exists()  # rank 0 alone writes the checkpoint
 
-    again = msrun_train(dataset, tmp_path / "again", tmp_path / "logs2", "--set", "train.micro_batch_size=2", *steps,
+    again = msrun_train(dataset, tmp_path / "again", tmp_path / "logs2", *ACCUM2, "--set", "train.micro_batch_size=2",
                         env=cache)
     assert all("compile cache: reusing" in again[r] and "warning" not in again[r] for r in range(2))
     assert losses(tmp_path / "again") == losses(multi)

@@ -70,3 +70,30 @@ def test_bad_input_exits_2(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["runs", str(tmp_path / "x")]) == 0  # an empty folder is not an error
     assert "no runs under" in capsys.readouterr().out
+
+
+def test_a_config_this_version_cannot_load_reads_with_the_schemas_defaults(tmp_path):
+    """A run written by another version (a retired key makes the typed load fail, so the raw YAML is kept) is read
+    section by section through the schema: its own values where they read, the schema's defaults elsewhere. The
+    schedule rule then judges the LR the run really had (min_lr 1e-4 and beta2 0.99 from the schema, not
+    0.0 / 0.999 restated by a reader)."""
+    import yaml
+
+    from ms_llm.config.schema import TrainConfig
+    from ms_llm.diagnose.rules.schedule import suspects
+    from ms_llm.rundir.reader import load_run
+    from ms_llm.train.lr_schedule import lr_at
+
+    run_dir = tmp_path / "old"
+    write_run(run_dir, healthy(seed=1)[:20])
+    with open(run_dir / "config.yaml", "w") as f:
+        yaml.safe_dump({"train": {"lr": 1e-3, "max_steps": 200, "decay_steps": 800, "beta2": "fast",
+                                  "gradient_aggregation_group": 4}, "model": {"vocab_size": 66}}, f)
+    run = load_run(str(run_dir))
+    assert run.config_note  # the typed load failed: this is the raw YAML
+    train = run.section("train")
+    assert (train.lr, train.max_steps, train.decay_steps) == (1e-3, 200, 800)
+    assert (train.min_lr, train.beta2) == (TrainConfig().min_lr, TrainConfig().beta2)  # unreadable value: default
+    late = next(s for s in suspects(run) if s.id == "decay_late")
+    end = lr_at(199, TrainConfig(lr=1e-3, max_steps=200, decay_steps=800))
+    assert f"the run ends with the LR at {end:.4g}" in late.setting, late.setting

@@ -160,7 +160,26 @@ def test_lr_schedule_warmup_cosine_linear_constant():
     assert lr_at(325, t) == pytest.approx(1e-4 + 0.75 * 0.9e-3)
     t = dataclasses.replace(t, lr_schedule="constant")
     assert lr_at(700, t) == 1e-3
-    assert np.allclose(lr_table(t)[:3], [lr_at(i, t) for i in range(3)])
+
+
+@pytest.mark.parametrize("schedule,decay", [("cosine", None), ("linear", None), ("cosine", 600), ("constant", None)])
+def test_the_lr_table_the_step_reads_is_the_schedule_written_out(schedule, decay):
+    """The table compiled into the step, against the schedule's formula written here independently of lr_at:
+    linear warmup to lr over `warmup` steps, then a decay to min_lr at `decay` (max_steps if null), flat after."""
+    n, warmup, lr, min_lr = 1000, 100, 1e-3, 1e-4
+    t = load_config(None, [f"train.max_steps={n}", f"train.warmup_steps={warmup}", f"train.lr={lr}",
+                           f"train.min_lr={min_lr}", f"train.lr_schedule={schedule}",
+                           f"train.decay_steps={decay or 'null'}"]).train
+    step = np.arange(n, dtype=np.float64)
+    end = decay or n
+    progress = np.clip((step - warmup) / (end - warmup), 0.0, 1.0)
+    shape = {"cosine": (1 + np.cos(np.pi * progress)) / 2, "linear": 1 - progress, "constant": np.ones(n)}[schedule]
+    expected = np.where(step < warmup, lr * (step + 1) / warmup, min_lr + shape * (lr - min_lr))
+    if schedule != "constant":
+        expected[step >= end] = min_lr
+    table = lr_table(t)
+    assert table.dtype == np.float32 and table.shape == (n,)
+    np.testing.assert_allclose(table, expected, rtol=1e-6)
 
 
 def test_tiny_model_overfits_one_batch():

@@ -1,4 +1,7 @@
-"""Llama: RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head by default, no biases."""
+"""Llama and its relatives: RoPE, RMSNorm, SwiGLU, grouped-query attention, untied head by default, no biases.
+The relatives are options of the same layer (docs/models.md): Llama 3's RoPE scaling (model.rope_scaling),
+Qwen2.5's q/k/v biases (model.qkv_bias), Qwen3's per-head q/k RMSNorm and head size (model.qk_norm,
+model.head_dim), Mistral's sliding window (model.sliding_window)."""
 import mindspore as ms
 
 from ms_llm.nn import CausalLM, CausalSelfAttention, decoder_layer, RMSNorm, SwiGLU
@@ -12,7 +15,9 @@ def build_llama(m, compute_dtype=ms.float32, backend=PORTABLE):
         decoder_layer(
             RMSNorm(m.hidden_size, m.norm_eps, backend),
             CausalSelfAttention(m.hidden_size, m.num_heads, m.num_kv_heads, m.seq_length, False, m.init_std, out_std,
-                                m.dropout, rope_theta=m.rope_theta, compute_dtype=compute_dtype, backend=backend),
+                                m.dropout, rope_theta=m.rope_theta, compute_dtype=compute_dtype, backend=backend,
+                                head_dim=m.head_dim, qkv_bias=m.qkv_bias, qk_norm_eps=m.norm_eps if m.qk_norm else None,
+                                rope_scaling=m.rope_scaling, window=m.sliding_window),
             RMSNorm(m.hidden_size, m.norm_eps, backend),
             SwiGLU(m.hidden_size, m.ffn_hidden_size, m.init_std, out_std, m.dropout, compute_dtype),
             backend,

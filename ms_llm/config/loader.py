@@ -114,7 +114,11 @@ def with_preset(model):
         raise UserError(f"model.preset = '{name}' is not a known preset"
                         + (f" — did you mean '{hint}'?" if hint else ".")
                         + f" Known presets: {', '.join(sorted(PRESETS))}.")
-    return {**PRESETS[name], **model}
+    merged = dict(PRESETS[name])
+    for key, value in model.items():  # a nested section (rope_scaling) is merged key by key, not replaced
+        both = isinstance(value, dict) and isinstance(merged.get(key), dict)
+        merged[key] = {**merged[key], **value} if both else value
+    return merged
 
 
 def build_section(section, cls, values):

@@ -1,10 +1,16 @@
-"""The config reference (README section) generated from the schema, so the docs cannot drift."""
+"""The config reference (docs/configuration.md) generated from the schema, so the docs cannot drift.
+
+`python -m ms_llm.config.reference` prints it; `python -m ms_llm.config.reference --update docs/configuration.md`
+rewrites the block between the config-reference markers of that file (tests/test_docs.py fails until it is run after a
+key is added, removed or re-documented)."""
 import dataclasses
 import json
 import typing
 
 from ms_llm.config.loader import type_name
 from ms_llm.config.schema import Config
+
+DOC = "docs/configuration.md"  # relative to the repository root
 
 
 def reference_markdown():
@@ -26,9 +32,9 @@ def reference_markdown():
 START, END = "<!-- config-reference:start", "<!-- config-reference:end -->"
 
 
-def readme_with_reference(readme_text):
-    """README text with the block between the config-reference markers regenerated."""
-    head, rest = readme_text.split(START, 1)
+def with_reference(text):
+    """`text` (a Markdown document holding the config-reference markers) with the block between them regenerated."""
+    head, rest = text.split(START, 1)
     marker_line, _ = rest.split("\n", 1)
     _, tail = rest.split(END, 1)
     return f"{head}{START}{marker_line}\n\n{reference_markdown()}\n{END}{tail}"
@@ -37,8 +43,12 @@ def readme_with_reference(readme_text):
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:] == ["--update", "README.md"]:
-        text = open("README.md", encoding="utf-8").read()
-        open("README.md", "w", encoding="utf-8").write(readme_with_reference(text))
+    if len(sys.argv) == 3 and sys.argv[1] == "--update":
+        with open(sys.argv[2], encoding="utf-8") as f:
+            text = f.read()
+        with open(sys.argv[2], "w", encoding="utf-8") as f:
+            f.write(with_reference(text))
+    elif sys.argv[1:]:
+        sys.exit(f"usage: python -m ms_llm.config.reference [--update {DOC}]")
     else:
         print(reference_markdown())

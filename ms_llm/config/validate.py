@@ -1,8 +1,8 @@
 """Checks that need more than one field, and values derived from several fields.
 
 `validate_config` runs on every load: static checks, and the values derived from the config alone (key/value
-heads, FFN width). Values that depend on the launch (data-parallel size: ms_llm.parallel.layout.resolve_layout)
-or on the data (vocabulary: `check_against_dataset`) are resolved into new Config objects; a loaded config is
+heads, FFN width). Values that depend on the launch (data-parallel size) and the data (vocabulary) are filled in
+once, by ms_llm.train.resolve (with `check_against_dataset` here), into new Config objects; a loaded config is
 never changed (its sections are frozen dataclasses).
 """
 from dataclasses import replace
@@ -38,10 +38,11 @@ def validate_config(cfg):
                                                          cfg.parallel_config.data_parallel)]:
         if v is not None and v <= 0:
             raise UserError(f"{name} = {v} must be a positive integer (or null to derive it).")
-    if m.hidden_size % m.num_heads:
+    if m.head_dim is None and m.hidden_size % m.num_heads:
         raise UserError(f"model.hidden_size = {m.hidden_size} is not divisible by model.num_heads = {m.num_heads}: "
                         f"each head needs hidden_size/num_heads dimensions. Pick num_heads from the divisors of "
-                        f"{m.hidden_size} (e.g. {nearest_divisor(m.hidden_size, m.num_heads)}) or change hidden_size.")
+                        f"{m.hidden_size} (e.g. {nearest_divisor(m.hidden_size, m.num_heads)}) or change hidden_size"
+                        + (" (or set model.head_dim)." if m.arch == "llama" else "."))
     if m.num_kv_heads is None:  # derived once, here, into the object load_config returns
         m = replace(m, num_kv_heads=m.num_heads)
     if m.num_heads % m.num_kv_heads:
@@ -53,10 +54,9 @@ def validate_config(cfg):
                         f"attention. Remove num_kv_heads or use arch: llama for grouped-query attention.")
     if m.arch == "llama" and m.bias:
         raise UserError("model.bias = true with model.arch = llama: Llama's linear layers and RMSNorm have no biases, "
-                        "and ms_llm builds it without them. Remove model.bias (or set it to false).")
-    if (m.hidden_size // m.num_heads) % 2 and m.arch == "llama":
-        raise UserError(f"model.hidden_size / model.num_heads = {m.hidden_size // m.num_heads} is odd: RoPE rotates "
-                        f"pairs of dimensions, so the head size must be even.")
+                        "and ms_llm builds it without them. Remove model.bias (or set it to false); for biases on "
+                        "the q, k and v projections (Qwen2.5) set model.qkv_bias: true.")
+    check_llama_options(m)
     m = replace(m, ffn_hidden_size=derived_ffn_hidden_size(m))
     cfg = replace(cfg, model=m)
     if not 0.0 <= m.dropout < 1.0:
@@ -97,6 +97,42 @@ def validate_config(cfg):
         raise UserError(f"checkpoint.save_interval = {cfg.checkpoint.save_interval} must be >= 0 and "
                         f"checkpoint.keep_last = {cfg.checkpoint.keep_last} must be >= 1.")
     return cfg
+
+
+def head_dim(m):
+    """The size of one attention head: model.head_dim, or hidden_size / num_heads when it is null."""
+    return m.head_dim or m.hidden_size // m.num_heads
+
+
+def check_llama_options(m):
+    """The options that make Llama's relatives (Llama 3, Qwen2.5, Qwen3, Mistral): llama only, and sane."""
+    if m.head_dim is not None and m.head_dim <= 0:
+        raise UserError(f"model.head_dim = {m.head_dim} must be a positive integer (or null: hidden_size / num_heads).")
+    if m.sliding_window is not None and m.sliding_window <= 0:
+        raise UserError(f"model.sliding_window = {m.sliding_window} must be a positive number of tokens (or null: "
+                        f"every token attends to all earlier ones).")
+    if m.arch == "gpt2":
+        llama_only = [(k, v) for k, v in (("head_dim", m.head_dim), ("rope_scaling", m.rope_scaling),
+                                          ("sliding_window", m.sliding_window)) if v is not None]
+        llama_only += [(k, v) for k, v in (("qkv_bias", m.qkv_bias), ("qk_norm", m.qk_norm)) if v]
+        if llama_only:
+            k, v = llama_only[0]
+            raise UserError(f"model.{k} = {v} with model.arch = gpt2: it is an option of the llama family (RoPE, "
+                            f"RMSNorm, SwiGLU; Llama 3, Qwen2.5, Qwen3, Mistral). GPT-2's biases are model.bias; "
+                            f"remove model.{k} or use model.arch: llama.")
+        return
+    if head_dim(m) % 2:
+        raise UserError(f"the head size is {head_dim(m)} (model.head_dim, or hidden_size / num_heads when it is "
+                        f"null), an odd number: RoPE rotates pairs of dimensions, so the head size must be even.")
+    rs = m.rope_scaling
+    if rs is not None:
+        low, high = rs.low_freq_factor, rs.high_freq_factor
+        if rs.factor < 1 or rs.original_max_position_embeddings <= 0 or not 0 < low < high:
+            raise UserError(f"model.rope_scaling = factor {rs.factor}, low_freq_factor {rs.low_freq_factor}, "
+                            f"high_freq_factor {rs.high_freq_factor}, original_max_position_embeddings "
+                            f"{rs.original_max_position_embeddings}: the llama3 rule needs factor >= 1, "
+                            f"0 < low_freq_factor < high_freq_factor and a positive original context (Llama 3.1: "
+                            f"8, 1, 4, 8192).")
 
 
 def nearest_divisor(n, near):

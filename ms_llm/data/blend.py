@@ -8,14 +8,17 @@ permutation, keyed by (seed, i+1), so a small dataset with a large weight repeat
 sampled without repetition. Everything is a function of the stream position, so:
   * the data position is still one number (samples consumed), and resume is exact;
   * a global batch holds the same samples whatever the number of ranks (ranks interleave positions).
+
+This module reads no file: `load_manifest(..., blend=data.blend)` (manifest.py) reads each dataset and hands
+them to `combine`, and the loader streams the combined manifest through `BlendStream`.
 """
 import math
 import os
 
 import numpy as np
 
-from ms_llm.data.manifest import load_manifest, split_shards
 from ms_llm.data.permutation import Permutation
+from ms_llm.data.split_index import SplitIndex, split_shards
 from ms_llm.data.tokenizers import same_tokenizer
 from ms_llm.errors import UserError
 
@@ -49,12 +52,12 @@ def check_blend(blend):
     return [(w / total, p) for w, p in out]
 
 
-def load_blend(blend, verify=True, log=None):
-    """The combined manifest of a blend; the datasets must agree on tokenizer, vocabulary and sample length."""
-    parts = check_blend(blend)
+def combine(parts):
+    """The combined manifest of a blend from [(weight, dataset_dir, manifest), ...] (`check_blend`'s weights,
+    each dataset's manifest as `load_manifest` read it); the datasets must agree on tokenizer, vocabulary and
+    sample length."""
     comps = []
-    for weight, path in parts:
-        m = load_manifest(path, verify=verify, log=log)
+    for weight, path, m in parts:
         if m["splits"]["train"]["samples"] == 0:
             raise UserError(f"data.blend: '{path}' has no training samples. Remove it from the blend.")
         comps.append({"weight": weight, "dir": path, "manifest": m})
@@ -90,8 +93,6 @@ class BlendStream:
     """The blended stream of one split for one rank: files for MindDataset and global sample indices."""
 
     def __init__(self, manifest, split, dp, rank, seed, shuffle):
-        from ms_llm.data.loader import SplitIndex
-
         comps = [c for c in manifest["blend"] if c["manifest"]["splits"][split]["samples"] > 0]
         self.files, self.index, self.perm, base = [], [], [], 0
         for c in comps:

@@ -12,12 +12,11 @@ number. The indices are handed to `MindDataset` (over all shard files of the spl
 through a `SubsetSampler`, one bounded chunk at a time, so start-up time and memory do not grow with the
 dataset, and reading and batching stay in MindSpore's C++ pipeline.
 """
-import os
-
 import numpy as np
 
-from ms_llm.data.manifest import split_shards
+from ms_llm.data.blend import BlendStream
 from ms_llm.data.permutation import Permutation
+from ms_llm.data.split_index import SplitIndex, split_shards
 
 MAX_CHUNK = 1 << 16  # rank samples per MindDataset pipeline: ~0.1 s to start, a few MB of indices
 
@@ -36,31 +35,6 @@ def check_token_ids(batch, vocab_size):
 
 def epoch_permutation(seed, epoch, n):
     return Permutation(n, (seed,))(epoch, np.arange(n))
-
-
-class SplitIndex:
-    """A split's samples as indices into the concatenation of its files (what MindDataset numbers).
-
-    Usually the identity; a split that is part of a file (an adopted dataset's validation tail) is an
-    offset into it."""
-
-    def __init__(self, dataset_dir, shards, base=0):
-        self.files, first, seen = [], {}, {}
-        offset = base
-        for s in shards:
-            if s["file"] not in seen:
-                seen[s["file"]] = offset
-                self.files.append(os.path.join(dataset_dir, s["file"]))
-                offset += s["file_samples"]
-            first.setdefault(s["file"], seen[s["file"]])
-        self.end = offset  # next free global index after these files
-        self.starts = np.cumsum([0] + [s["samples"] for s in shards])[:-1]
-        self.globals = np.array([seen[s["file"]] + s["start"] for s in shards], np.int64)
-        self.num_samples = int(sum(s["samples"] for s in shards))
-
-    def __call__(self, local):
-        part = np.searchsorted(self.starts, local, side="right") - 1
-        return self.globals[part] + (local - self.starts[part])
 
 
 class RankStream:
@@ -99,9 +73,7 @@ class SplitStream:
 
 
 def open_stream(dataset_dir, manifest, split, dp, rank, seed, shuffle):
-    if manifest.get("blend"):
-        from ms_llm.data.blend import BlendStream
-
+    if manifest.get("blend"):  # load_manifest(..., blend=data.blend) combined several datasets
         return BlendStream(manifest, split, dp, rank, seed, shuffle)
     return SplitStream(dataset_dir, manifest, split, dp, rank, seed, shuffle)
 

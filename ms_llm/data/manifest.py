@@ -10,6 +10,8 @@ import hashlib
 import json
 import os
 
+from ms_llm.data.blend import check_blend, combine
+from ms_llm.data.split_index import split_shards
 from ms_llm.errors import UserError
 from ms_llm.fileio import atomic_write_bytes
 
@@ -27,11 +29,11 @@ def has_manifest(dataset_dir):
 
 def load_manifest(dataset_dir, blend=None, verify=True, log=None):
     """The manifest of `dataset_dir` after checking its files; with `blend` (data.blend), the combined
-    manifest of the blended datasets (see ms_llm.data.blend), whatever `dataset_dir` is."""
+    manifest of the blended datasets (`blend.combine` of each one's), whatever `dataset_dir` is: the one place
+    that tells a blend from a single dataset (the loader streams what this returned)."""
     if blend:
-        from ms_llm.data.blend import load_blend
-
-        return load_blend(blend, verify=verify, log=log)
+        return combine([(weight, path, load_manifest(path, verify=verify, log=log))
+                        for weight, path in check_blend(blend)])
     manifest = read_manifest(dataset_dir)
     check_files(dataset_dir, manifest)
     if verify:
@@ -57,16 +59,6 @@ def read_manifest(dataset_dir):
         raise UserError(f"'{path}' has schema_version {manifest['schema_version']}, this ms_llm reads "
                         f"{', '.join(map(str, READABLE_SCHEMAS))}. Re-run preprocessing with this version.")
     return manifest
-
-
-def split_shards(manifest, split):
-    """The shards of a split as dicts with file, samples, start (first sample of the file that belongs to the
-    split) and file_samples (samples in the whole file)."""
-    entry = manifest["splits"][split]
-    if "shards" not in entry:  # schema 1: one file per split
-        return [{"file": entry["file"], "samples": entry["samples"], "start": 0, "file_samples": entry["samples"]}]
-    return [dict(s, start=s.get("start", 0), file_samples=s.get("file_samples", s["samples"]))
-            for s in entry["shards"]]
 
 
 def dataset_files(manifest):

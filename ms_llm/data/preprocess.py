@@ -15,6 +15,7 @@ Train/validation split:
 Everything is written into a temporary folder next to `output_dir` and moved into place when complete: an
 error, Ctrl-C or a full disk leaves the previous dataset (if any) untouched and no partial one behind.
 """
+import contextlib
 import datetime
 import errno
 import json
@@ -26,12 +27,13 @@ import numpy as np
 
 from ms_llm.data import encode
 from ms_llm.data.manifest import MANIFEST, SCHEMA_VERSION
+from ms_llm.data.overlap import SplitOverlap, shingle_tokens
 from ms_llm.data.progress import Progress
-from ms_llm.data.shards import DEFAULT_SHARD_MB, Packer, ShardWriter, pack
+from ms_llm.data.shards import DEFAULT_SHARD_MB, Packer, ShardWriter, import_mindrecord, pack
 from ms_llm.data.sources import Source, expand_inputs, is_jsonl
 from ms_llm.data.stats import SplitStats
 from ms_llm.data.tokenizers import CharTokenizer, build_tokenizer
-from ms_llm.data.workers import default_workers, ordered_map
+from ms_llm.data.workers import WorkerDied, default_workers, ordered_map
 from ms_llm.errors import UserError
 
 __all__ = ["preprocess", "pack"]
@@ -39,6 +41,7 @@ __all__ = ["preprocess", "pack"]
 SMALL_INPUT = 4 << 20  # below this many bytes, tokenize in this process: starting workers would cost more
 SPLITS = ("train", "val")
 TAIL_READ = 1 << 22  # tokens per read when packing a single document's token file
+SCRATCH = "tokens.tmp"  # a single document's tokens, before they are split and packed
 
 
 class _SingleDocument(Exception):
@@ -56,7 +59,6 @@ def preprocess(source, output_dir, seq_length, tokenizer="char", val_fraction=0.
         raise UserError(f"'{output_dir}' already holds a dataset (manifest.json). Choose another output folder, "
                         f"or pass --overwrite to replace it.")
     files = expand_inputs(source)
-    warm_up_mindrecord()
     workers = default_workers() if workers is None else max(1, int(workers))
     total = sum(os.path.getsize(f) for f in files)
     job = Job(files, output_dir, seq_length, tokenizer, val_fraction, text_field, skip_bad, shard_mb << 20,
@@ -69,19 +71,24 @@ def preprocess(source, output_dir, seq_length, tokenizer="char", val_fraction=0.
     os.chmod(tmp, 0o755)
     try:
         try:
-            manifest = job.run(tmp, tail=len(files) == 1 and not is_jsonl(files[0]))
-        except _SingleDocument:
-            for name in os.listdir(tmp):
-                os.remove(os.path.join(tmp, name))
-            manifest = job.run(tmp, tail=True)
-        except OSError as e:
-            raise disk_error(e, tmp, output_dir) from None
-        except RuntimeError as e:  # MindRecord's writer reports a full disk as a RuntimeError
-            if shutil.disk_usage(tmp).free < (64 << 20):
-                raise disk_error(OSError(errno.ENOSPC, str(e)), tmp, output_dir) from None
-            raise
-        with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-            json.dump(manifest, f, indent=1)
+            try:
+                manifest = job.run(tmp, tail=len(files) == 1 and not is_jsonl(files[0]))
+            except _SingleDocument:
+                for name in os.listdir(tmp):
+                    os.remove(os.path.join(tmp, name))
+                manifest = job.run(tmp, tail=True)
+            with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
+                json.dump(manifest, f, indent=1)
+        except (OSError, RuntimeError) as e:
+            error = write_error(e, tmp)
+            if error is None:
+                raise
+            need, read = job.bytes_needed()
+            shutil.rmtree(tmp, ignore_errors=True)  # before measuring what is free
+            raise write_failure(error, output_dir, parent, need, read) from None
+        except WorkerDied as e:
+            raise WorkerDied(f"{e} Nothing was replaced: the partial dataset was removed and any existing "
+                             f"'{output_dir}' is unchanged.") from None
         move_into_place(tmp, output_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -101,16 +108,29 @@ class Job:
         self.tokenizer_name, self.val_fraction, self.text_field = tokenizer, val_fraction, text_field
         self.skip_bad, self.shard_bytes, self.workers, self.log = skip_bad, shard_bytes, workers, log
         self.bad_examples, self.nbad = [], 0
+        self.progress, self.tail = None, False
+
+    def bytes_needed(self):
+        """(about how many bytes the dataset needs on disk, the share of the input read so far): 4 bytes per token
+        of the samples (which overlap by one token), twice for a single document (its token file, then the
+        shards beside it), extrapolated from the tokens of the input read so far; None before any was read."""
+        p = self.progress
+        read = p.done / p.total if p is not None else 0.0
+        if read <= 0 or not p.tokens:
+            return None, read
+        return 4 * p.tokens / read * (self.T + 1) / self.T * (2 if self.tail else 1), read
 
     # -- reading -------------------------------------------------------------------------------------------
     def chunks(self, sources):
         for i, s in enumerate(sources):
             yield from s.chunks(i)
 
-    def encoded(self, sources, spec, chars_only=False, progress=None):
-        """(chunk, Encoded) in input order; bad documents are raised or counted here."""
+    def encoded(self, sources, spec, chars_only=False, progress=None, meanwhile=None):
+        """(chunk, Encoded) in input order; bad documents are raised or counted here. `meanwhile()` runs in this
+        thread while the workers start (see ordered_map)."""
         args = (spec, self.text_field, self.val_fraction, chars_only)
-        results = ordered_map(encode.encode_chunk, self.chunks(sources), self.workers, encode.init_worker, args)
+        results = ordered_map(encode.encode_chunk, self.chunks(sources), self.workers, encode.init_worker, args,
+                              meanwhile=meanwhile)
         try:
             for chunk, enc in results:
                 if enc.nbad:
@@ -148,17 +168,20 @@ class Job:
                 self.log(f"warning: {problem}")
             return tok
         chars = set()
-        for _, enc in self.encoded(sources, None, chars_only=True):
-            chars.update(enc.chars)
+        with contextlib.closing(self.encoded(sources, None, chars_only=True)) as results:
+            for _, enc in results:
+                chars.update(enc.chars)
         return CharTokenizer(sorted(chars))
 
     # -- one run -------------------------------------------------------------------------------------------
     def run(self, tmp, tail):
+        self.tail = tail
         sources = [Source(f) for f in self.files]
         self.bad_examples, self.nbad = [], 0
         tok = self.build_tokenizer(sources)
         stats = {s: SplitStats(tok.vocab_size) for s in SPLITS}
-        progress = Progress(sum(s.size for s in sources), "preprocess", self.log)
+        self.overlap = SplitOverlap(shingle_tokens(tok.spec(), tok))  # near-copies and shift between the splits
+        progress = self.progress = Progress(sum(s.size for s in sources), "preprocess", self.log)
         try:
             if tail:
                 shards, documents = self.run_tail(tmp, tok, sources, stats, progress)
@@ -186,43 +209,49 @@ class Job:
         writers = {s: ShardWriter(tmp, s, self.T + 1, self.shard_bytes) for s in SPLITS}
         packers = {s: Packer(self.T) for s in SPLITS}
         documents, doc_val, doc_len = 0, False, 0
-        for chunk, enc in self.encoded(sources, tok.spec(), progress=progress):
-            if chunk.jsonl:
-                piece_val = enc.val
-                documents += len(enc.lengths)
-                for name, sel in (("train", ~enc.val), ("val", enc.val)):
-                    stats[name].add_documents(enc.lengths[sel])
-            elif len(enc.lengths):  # a text segment: its document's split was decided at its first segment
-                if chunk.doc_start:
-                    doc_val, doc_len = bool(enc.val[0]), 0
-                    documents += 1
-                piece_val = np.array([doc_val])
-                doc_len += int(enc.lengths[0])
-                if chunk.doc_end:
-                    stats["val" if doc_val else "train"].add_documents([doc_len])
-            else:
-                continue
-            span = enc.lengths + (1 if chunk.jsonl or chunk.doc_end else 0)
-            mask = np.repeat(piece_val, span)
-            for name, sel in (("train", ~mask), ("val", mask)):
-                toks = enc.tokens[sel] if not sel.all() else enc.tokens
-                if len(toks):
-                    stats[name].add_tokens(toks)
-                    writers[name].write(packers[name].add(toks))
+        # MindRecord takes seconds to import: while the workers start, in this thread (a thread still importing
+        # MindSpore when an error ended the process made its exit crash)
+        results = self.encoded(sources, tok.spec(), progress=progress, meanwhile=import_mindrecord)
+        with contextlib.closing(results):
+            for chunk, enc in results:
+                if chunk.jsonl:
+                    piece_val = enc.val
+                    documents += len(enc.lengths)
+                    for name, sel in (("train", ~enc.val), ("val", enc.val)):
+                        stats[name].add_documents(enc.lengths[sel])
+                elif len(enc.lengths):  # a text segment: its document's split was decided at its first segment
+                    if chunk.doc_start:
+                        doc_val, doc_len = bool(enc.val[0]), 0
+                        documents += 1
+                    piece_val = np.array([doc_val])
+                    doc_len += int(enc.lengths[0])
+                    if chunk.doc_end:
+                        stats["val" if doc_val else "train"].add_documents([doc_len])
+                else:
+                    continue
+                span = enc.lengths + (1 if chunk.jsonl or chunk.doc_end else 0)
+                mask = np.repeat(piece_val, span)
+                for name, sel in (("train", ~mask), ("val", mask)):
+                    toks = enc.tokens[sel] if not sel.all() else enc.tokens
+                    if len(toks):
+                        stats[name].add_tokens(toks)
+                        self.overlap.add(name, toks)
+                        writers[name].write(packers[name].add(toks))
         if documents == 1:
             raise _SingleDocument()
         return {s: w.close() for s, w in writers.items()}, documents
 
     def run_tail(self, tmp, tok, sources, stats, progress):
         """One document: its tokens go to a scratch file, then the last val_fraction of them is validation."""
-        path = os.path.join(tmp, "tokens.tmp")
+        path = os.path.join(tmp, SCRATCH)
         documents, length = 0, 0
         with open(path, "wb") as f:
-            for chunk, enc in self.encoded(sources, tok.spec(), progress=progress):
-                if len(enc.lengths):
-                    documents += len(enc.lengths) if chunk.jsonl else int(chunk.doc_start)
-                    length += int(enc.lengths.sum())
-                    f.write(enc.tokens.tobytes())
+            with contextlib.closing(self.encoded(sources, tok.spec(), progress=progress)) as results:
+                for chunk, enc in results:
+                    if len(enc.lengths):
+                        documents += len(enc.lengths) if chunk.jsonl else int(chunk.doc_start)
+                        length += int(enc.lengths.sum())
+                        f.write(enc.tokens.tobytes())
         n = os.path.getsize(path) // 4
         n_val = int(round(n * self.val_fraction))
         bounds = {"train": (0, n - n_val), "val": (n - n_val, n)}
@@ -232,6 +261,7 @@ class Job:
             for start in range(lo, hi, TAIL_READ):
                 toks = np.fromfile(path, np.int32, count=min(TAIL_READ, hi - start), offset=4 * start)
                 stats[name].add_tokens(toks)
+                self.overlap.add(name, toks)
                 writer.write(packer.add(toks))
             shards[name] = writer.close()
         stats["train"].add_documents([length] if documents else [])
@@ -263,6 +293,7 @@ class Job:
             "split_method": "token tail of a single document" if tail else "documents by hash",
             "stats": {name: {k: v for k, v in stats[name].to_dict().items() if k not in ("documents", "tokens")}
                       for name in SPLITS},
+            "overlap": self.overlap.result(stats["train"].counts, stats["val"].counts, self.log),
             "source": source,
             "sources": files,
             "val_fraction": self.val_fraction,
@@ -273,22 +304,22 @@ class Job:
         }
 
 
-def warm_up_mindrecord():
-    """Import MindSpore's MindRecord writer in the background: it takes seconds, and the first shard is only
-    written once the workers have tokenized something, so the import overlaps their start instead of stalling
-    the pipeline in the middle."""
-    import importlib
-    import sys
-    import threading
+def keep_large_arrays_off_the_heap(threshold=1 << 20):
+    """For a process that only preprocesses (`ms-llm preprocess`): every allocation of `threshold` bytes or more
+    gets pages of its own, handed back to the system when freed. Left to itself, glibc raises that threshold to
+    the largest block freed so far (here the 8 MB groups of rows handed to MindRecord), after which the chunks,
+    token arrays and samples that stream through this process come from the heap, whose free space then grew
+    with the corpus: over 60 MB of BPE JSONL the main process went from 213 to 239 MiB anonymous memory, its free
+    heap from 8 to 52 MiB; with this setting 204 to 208 MiB, 18 MiB free throughout. It holds for the whole
+    process and for good, so the command sets it, not preprocess(), which a training run may call. Returns
+    whether it was set (not where the C library is not glibc)."""
+    import ctypes
 
-    if "mindspore.mindrecord" not in sys.modules:
-        def load():
-            try:
-                importlib.import_module("mindspore.mindrecord")
-            except Exception:  # the real import, later, reports it
-                pass
-
-        threading.Thread(target=load, daemon=True).start()
+    m_mmap_threshold = -3  # glibc's malloc.h
+    try:
+        return bool(ctypes.CDLL(None).mallopt(m_mmap_threshold, int(threshold)))
+    except (OSError, AttributeError):
+        return False
 
 
 def first_text(path, text_field, limit=1 << 16):
@@ -343,11 +374,29 @@ def remove_stale_temps(parent, base):
             continue
 
 
-def disk_error(e, tmp, output_dir):
+def write_error(e, tmp):
+    """The OSError behind a failure to write the dataset, or None when `e` is something else."""
+    if isinstance(e, OSError):
+        return e
+    # MindRecord's writer reports a full disk as a RuntimeError, checking the free space itself
+    if "No free disk" in str(e) or "No space left" in str(e) or shutil.disk_usage(tmp).free < (64 << 20):
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), tmp)
+    return None
+
+
+def write_failure(e, output_dir, parent, need, read_fraction):
+    """The one-paragraph explanation of a dataset that could not be written (see checkpoint.store.write_failure)."""
     if e.errno == errno.ENOSPC:
-        return UserError(f"the disk is full while writing the dataset for '{output_dir}' (in '{tmp}'). Nothing was "
-                         f"replaced: the partial dataset is removed and any existing '{output_dir}' is unchanged. "
-                         f"Free space (the dataset needs about 4 bytes per token plus a few MB per shard) or choose "
-                         f"another --output-dir, then run again.")
-    return UserError(f"writing the dataset for '{output_dir}' failed ({e.strerror or e}: {e.filename or tmp}). "
-                     f"Nothing was replaced. Check that the folder is writable, then run again.")
+        try:
+            free = f"{shutil.disk_usage(parent).free / 2**20:,.1f} MiB are free"
+        except OSError:
+            free = "the free space is unknown"
+        need = (f"it needs about {need / 2**20:,.1f} MiB (estimated from the first {100 * read_fraction:.0f}% of "
+                f"the input)" if need else "it needs about 4 bytes per token plus a few MB per shard")
+        return UserError(f"the dataset for '{output_dir}' could not be written to '{parent}': the disk is full; "
+                         f"{need} and {free}. Nothing was replaced: the partial dataset was removed and any existing "
+                         f"'{output_dir}' is unchanged. Free space there or choose another --output-dir, then run "
+                         f"again.")
+    return UserError(f"writing the dataset for '{output_dir}' failed ({e.strerror or e}: {e.filename or parent}). "
+                     f"Nothing was replaced: the partial dataset was removed. Check that the folder is writable, then "
+                     f"run again.")

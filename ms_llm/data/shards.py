@@ -10,8 +10,16 @@ A split is written as shards of at most `shard_bytes` of samples: `train.mindrec
 written while the corpus is still being read; a MindRecord file cannot be renamed afterwards, its name is
 inside it). Rows are handed to MindRecord in groups whose size depends only on the sample length, which
 keeps the files byte-identical however the stream was chunked.
+
+A shard's `.db` index is built when its split is closed, not when the shard fills: MindRecord builds an index
+in memory, about 1.4 KB per row (90 MB for a 256 MB shard of 1025-token rows), and built mid-run it landed on
+top of the tokenizing workers' memory, so the peak grew with the corpus until the first shard filled. The
+split is closed after the workers have stopped. The index is a function of the data file alone, so the files
+are the same (FileWriter.commit runs the same generator right away).
 """
+import importlib
 import os
+import stat
 
 import numpy as np
 
@@ -60,7 +68,8 @@ class ShardWriter:
         self.per_shard = max(1, shard_bytes // (4 * sample_length))
         self.group = rows_per_group(sample_length)
         self.pending, self.npending = [], 0
-        self.shards, self.writer, self.in_shard = [], None, 0
+        self.written = []  # (file name, samples) of the shards committed so far, in order
+        self.writer, self.in_shard, self.index_later = None, 0, None
 
     def write(self, samples):
         while len(samples):
@@ -79,7 +88,10 @@ class ShardWriter:
         group, rest = rows[:n], rows[n:]
         self.pending, self.npending = ([rest] if len(rest) else []), len(rest)
         if self.writer is None:
-            self.writer = open_writer(os.path.join(self.dir, shard_name(self.split, len(self.shards))), self.width)
+            if self.index_later is None:  # asked here: it imports MindSpore
+                self.index_later = index_generator() is not None
+            path = os.path.join(self.dir, shard_name(self.split, len(self.written)))
+            self.writer = open_writer(path, self.width, self.index_later)
         self.writer.write_raw_data([{"input_ids": row} for row in group])
         self.in_shard += n
 
@@ -87,22 +99,32 @@ class ShardWriter:
         if self.writer is None:
             return
         self.writer.commit()
-        name = shard_name(self.split, len(self.shards))
-        self.shards.append(describe_shard(self.dir, name, self.in_shard))
+        self.written.append((shard_name(self.split, len(self.written)), self.in_shard))
         self.writer, self.in_shard = None, 0
 
     def close(self):
+        """Write what is left, build the indexes still to build; the manifest entries of the split's shards."""
         while self.npending:
             self._flush(min(self.group, self.npending))
         self._finish_shard()
-        return self.shards
+        if self.index_later:
+            for name, _ in self.written:
+                build_index(os.path.join(self.dir, name))
+        return [describe_shard(self.dir, name, samples) for name, samples in self.written]
 
     @property
     def samples(self):
-        return sum(s["samples"] for s in self.shards) + self.in_shard + self.npending
+        return sum(n for _, n in self.written) + self.in_shard + self.npending
 
 
-def open_writer(path, width):
+def import_mindrecord():
+    """MindSpore's MindRecord writer, which takes seconds to import (preprocessing imports it while its workers
+    start on the first chunks)."""
+    importlib.import_module("mindspore.mindrecord")
+
+
+def open_writer(path, width, index_later=False):
+    """A MindRecord writer for `path`; with `index_later` its commit() writes the data file only (build_index)."""
     from mindspore.mindrecord import FileWriter
 
     writer = FileWriter(path, shard_num=1, overwrite=True)
@@ -110,7 +132,32 @@ def open_writer(path, width):
     writer.set_page_size(1 << 20)
     writer.set_header_size(1 << 20)
     writer.add_schema({"input_ids": {"type": "int32", "shape": [width]}}, "packed_tokens")
+    if index_later:
+        writer._index_generator = False  # FileWriter's own switch for the index step of commit()
     return writer
+
+
+def index_generator():
+    """MindRecord's index generator (what FileWriter.commit runs on the file it has just written), or None
+    where it cannot run later: not where MindSpore 2.x keeps it, or encryption on (commit encrypts the data
+    file, which the generator then could not read). Both are MindSpore internals: without them each shard's
+    index is built at its commit, as before, which costs memory, never correctness."""
+    try:
+        from mindspore.mindrecord.config import _get_enc_key
+        from mindspore.mindrecord.core.shardindexgenerator import ShardIndexGenerator
+    except ImportError:
+        return None
+    return None if _get_enc_key() is not None else ShardIndexGenerator
+
+
+def build_index(path):
+    """The `.db` index of a committed MindRecord file, as FileWriter.commit builds it (and with its mode)."""
+    if os.path.exists(path + ".db"):  # a FileWriter without the switch above built it at commit
+        return
+    generator = index_generator()(os.path.realpath(path), False)
+    generator.build()
+    generator.write_to_db()
+    os.chmod(path + ".db", stat.S_IRUSR | stat.S_IWUSR)
 
 
 def describe_shard(directory, name, samples):

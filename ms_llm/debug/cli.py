@@ -1,4 +1,5 @@
-"""The debugging commands: `doctor`, `debug overfit|nan|dump`, `compare`."""
+"""The debugging commands: `doctor`, `debug overfit|nan|dump` (and `debug lr-find|ladder` from ms_llm/tune),
+`compare`."""
 import glob
 import json
 import os
@@ -97,13 +98,24 @@ def cmd_compare(args):
     return 0
 
 
+def cmd_compare_torch(args):
+    from ms_llm.debug.compare_torch import compare_torch, format_result, jsonable
+
+    r = compare_torch(args.hf, args.batch_size, args.seq_length, args.seed, args.data, args.compute_dtype,
+                      args.output_dir, args.reference_dump, args.name_map, args.config, args.overrides)
+    print(format_result(r), flush=True)
+    if args.json:
+        print(json.dumps(jsonable({k: v for k, v in r.items()})), flush=True)
+    return r["exit_code"]
+
+
 def add_parsers(sub):
     p = sub.add_parser("doctor", help="environment check: versions, device, env vars, disk, 20-step smoke train")
     p.add_argument("--run-dir", default="runs", help="where runs will be written (disk space check)")
     p.add_argument("--no-smoke", action="store_true", help="skip the smoke train")
     p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("debug", help="divergence toolkit: overfit, nan, dump, lr-find")
+    p = sub.add_parser("debug", help="divergence toolkit: overfit, nan, dump, compare-torch, lr-find, ladder")
     dsub = p.add_subparsers(dest="debug_command", metavar="tool", parser_class=type(p))
     dsub.required = True
     q = dsub.add_parser("overfit", help="can the model memorise a few samples? (bugs vs data)")
@@ -118,14 +130,35 @@ def add_parsers(sub):
     q.add_argument("--step", type=int, help="a saved NaN step, or the checkpoint whose next step to replay")
     add_set_argument(q)
     q.set_defaults(func=cmd_nan)
+    q = dsub.add_parser("compare-torch", help="a Hugging Face model in ms_llm against transformers/PyTorch: every "
+                                              "module's output, gradient and one AdamW step; exit 1 over tolerance")
+    q.add_argument("--hf", required=True, metavar="DIR", help="Hugging Face model folder (config.json + safetensors)")
+    q.add_argument("--batch-size", type=int, default=2)
+    q.add_argument("--seq-length", type=int, help="tokens per sample (default: 32, or the dataset's, capped by the "
+                                                  "model's positions)")
+    q.add_argument("--seed", type=int, default=0, help="seed of the random token batch")
+    q.add_argument("--data", metavar="DATASET_DIR", help="take the first validation batch of this dataset instead")
+    q.add_argument("--compute-dtype", choices=("float32", "float16", "bfloat16"),
+                   help="ms_llm's compute dtype (default: the config's precision.compute_dtype); PyTorch stays float32")
+    q.add_argument("--output-dir", metavar="O", help="where compare.json, compare.html, batch.npy and the reference "
+                                                     "dump go (default: compare_torch/<model>-<dtype>-<time>)")
+    q.add_argument("--json", action="store_true", help="print the result as one JSON object as the last line")
+    q.add_argument("--reference-dump", metavar="D", help="compare this dump (ms_llm.interop.torch_dump.dump_module) "
+                                                         "instead of running transformers")
+    q.add_argument("--name-map", metavar="M.yaml", help="with --reference-dump: 'their name: ms_llm name' lines")
+    q.add_argument("--config", help="training config whose train/precision/context sections to use (the model "
+                                    "comes from --hf)")
+    add_set_argument(q, help="repeatable, e.g. --set train.weight_decay=0.01: the optimizer step's settings")
+    q.set_defaults(func=cmd_compare_torch)
     q = dsub.add_parser("dump", help="per-module outputs and gradients on a fixed batch, for `ms-llm compare`")
     q.add_argument("--run-dir", required=True)
     q.add_argument("--step", type=int, help="checkpoint step (default: newest)")
     q.add_argument("--output", required=True)
     add_set_argument(q, help="e.g. precision.compute_dtype=float16 to dump the same weights in another precision")
     q.set_defaults(func=cmd_dump)
-    from ms_llm.tune.cli import add_lr_find_parser  # the LR range test lives with the sweep (ms_llm/tune)
+    from ms_llm.tune.cli import add_ladder_parser, add_lr_find_parser  # they live with the sweep (ms_llm/tune)
     add_lr_find_parser(dsub)
+    add_ladder_parser(dsub)
 
     p = sub.add_parser("compare", help="layer-by-layer comparison of two dumps (or runs with dumps/)")
     p.add_argument("a")

@@ -2,18 +2,18 @@
 
 `ms-llm debug dump --run-dir D [--step N] [--set precision.compute_dtype=float16] --output DUMP` loads the
 run's checkpoint, takes a fixed batch (the first validation batch) and writes every module's forward
-output and every parameter's gradient as plain .npz plus an index.json — so a dump made on Ascend can
-be compared on a laptop. `ms-llm compare A B` prints, per module in execution order, the max abs error,
+output and every parameter's gradient as plain .npz plus an index.json and the batch — so a dump made on
+Ascend can be compared on a laptop. The format is the one ms_llm.interop.torch_dump writes for PyTorch models
+(docs/debugging.md, "The dump format"). `ms-llm compare A B` prints, per module in execution order, the max abs error,
 the max relative error (to B's largest magnitude) and the cosine similarity, and names the first module
 beyond tolerance.
 """
-import hashlib
-import json
 import os
 
 import numpy as np
 
 from ms_llm.errors import UserError
+from ms_llm.interop.torch_dump import read_dump, write_dump
 
 
 def make_dump(run_dir, out_dir, step=None, overrides=(), batch_size=None, log=print):
@@ -32,30 +32,26 @@ def make_dump(run_dir, out_dir, step=None, overrides=(), batch_size=None, log=pr
                          seq_length=cfg.model.seq_length)[0]
     records = trace_forward(model, batch, keep=True)
     loss, grads = param_grads(model, batch)
-    os.makedirs(out_dir, exist_ok=True)
     forward = {}
     for name, _, _, arr in records:
         forward.setdefault(name, arr)  # a module called twice keeps its first output
-    np.savez(os.path.join(out_dir, "forward.npz"), **forward)
-    np.savez(os.path.join(out_dir, "grads.npz"), **grads)
-    index = {"modules": list(forward), "parameters": list(grads), "step": step, "loss": loss,
-             "compute_dtype": cfg.precision.compute_dtype, "device": cfg.context.device_target,
-             "batch_sha256": hashlib.sha256(batch.asnumpy().tobytes()).hexdigest(), "run_dir": os.path.abspath(run_dir)}
-    with open(os.path.join(out_dir, "index.json"), "w", encoding="utf-8") as f:
-        json.dump(index, f, indent=1)
+    import mindspore as ms
+
+    index = write_dump(out_dir, forward, grads, batch.asnumpy(), {
+        "framework": f"mindspore {ms.__version__}", "names": "ms_llm", "step": step, "loss": loss,
+        "compute_dtype": cfg.precision.compute_dtype, "device": cfg.context.device_target,
+        "run_dir": os.path.abspath(run_dir)})
     log(f"dumped {len(forward)} module outputs and {len(grads)} gradients (step {step}, "
         f"{cfg.precision.compute_dtype}, loss {loss:.4f}) → {out_dir}")
     return index
 
 
 def load_dump(path):
-    index_path = os.path.join(path, "index.json")
-    if not os.path.isfile(index_path):
+    """(index, forward, grads) of a dump (format: ms_llm.interop.torch_dump, one for MindSpore and PyTorch)."""
+    if not os.path.isfile(os.path.join(path, "index.json")):
         raise UserError(f"'{path}' is not a dump (no index.json). Make one with `ms-llm debug dump --run-dir D "
                         f"--output {path}`.")
-    with open(index_path, encoding="utf-8") as f:
-        index = json.load(f)
-    return index, dict(np.load(os.path.join(path, "forward.npz"))), dict(np.load(os.path.join(path, "grads.npz")))
+    return read_dump(path)
 
 
 def errors(a, b):
@@ -89,9 +85,16 @@ def compare(path_a, path_b, rtol=1e-2, min_cosine=0.999):
     return {"a": ia, "b": ib, "rows": rows, "first_divergent": first, "rtol": rtol, "min_cosine": min_cosine}
 
 
+def describe(index):
+    """One line on where a dump came from: a run's checkpoint (ms-llm debug dump) or a PyTorch model (torch_dump)."""
+    where = index.get("run_dir") or index.get("model") or "?"
+    step = f" step {index['step']}" if index.get("step") is not None else ""
+    return (f"{where}{step} {index.get('framework', 'mindspore')} {index.get('compute_dtype')} on "
+            f"{index.get('device')}")
+
+
 def format_comparison(r):
-    lines = [f"A: {r['a']['run_dir']} step {r['a']['step']} {r['a']['compute_dtype']} on {r['a']['device']}",
-             f"B: {r['b']['run_dir']} step {r['b']['step']} {r['b']['compute_dtype']} on {r['b']['device']}",
+    lines = [f"A: {describe(r['a'])}", f"B: {describe(r['b'])}",
              f"{'':2}{'module / parameter':<44}{'max abs':>11}{'max rel':>11}{'cosine':>10}"]
     for row in r["rows"]:
         if row.get("missing"):

@@ -12,6 +12,7 @@ import numpy as np
 
 from ms_llm.config import apply_override, from_dict, to_dict
 from ms_llm.config.validate import validate_config
+from ms_llm.diagnose.start import judge_start
 
 
 def overfit_config(cfg, samples, steps):
@@ -79,9 +80,9 @@ def report(losses, reference, copies, frozen, threshold, lr, vocab):
     if frozen:
         suspects.append(f"parameters that never changed ({len(frozen)}): {', '.join(frozen[:6])}"
                         + (" ..." if len(frozen) > 6 else "") + " — detached from the loss, or frozen")
-    if first > 1.5 * math.log(vocab):
-        suspects.append(f"initial loss {first:.2f} is far above ln(vocab) = {math.log(vocab):.2f}: init scale or "
-                        f"logit scaling")
+    start = judge_start(first, vocab)  # the same judgement as `ms-llm diagnose`'s
+    if start is not None and start.verdict != "ok":
+        suspects.append(start.text())
     passed = fell and consistent and copies <= 0.5 and not frozen
     return {"passed": passed, "initial_loss": first, "final_loss": last, "reference_loss": reference,
             "threshold": threshold * first, "copy_rate": copies, "frozen": frozen, "suspects": suspects,

@@ -9,7 +9,7 @@ import json
 def cmd_diagnose(args):
     from ms_llm.diagnose.engine import diagnose, exit_code, format_report
 
-    run, findings = diagnose(args.run, args.device_memory, args.logs)
+    run, findings = diagnose(args.run, args.device_memory, args.logs, args.benchmark)
     code = exit_code(findings)
     print(format_report(args.run, run, findings), flush=True)
     if args.json:
@@ -27,5 +27,8 @@ def add_parsers(subparsers):
                         "context.max_device_memory; 0.9 x this machine's RAM for CPU runs)")
     p.add_argument("--logs", metavar="DIR", help="another folder of the run's logs, e.g. msrun's --log_dir (read "
                                                  "besides RUN/logs and RUN_logs)")
+    p.add_argument("--benchmark", metavar="FILE", help="an 'ms-llm benchmark --output FILE' result of the run's "
+                                                       "config on this machine, to compare the run's speed with "
+                                                       "(default: RUN/benchmark.json when present)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=cmd_diagnose)

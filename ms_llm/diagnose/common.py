@@ -3,6 +3,7 @@
 The thresholds are documented (with the reason for each value) in docs/debugging.md; they were set so
 that healthy runs produce no finding at all.
 """
+import contextlib
 import math
 import os
 import re
@@ -71,16 +72,27 @@ def nonfinite(v):
     return isinstance(v, float) and not math.isfinite(v)
 
 
-# (id(records), len(records), what) -> (records, value), cleared by diagnose(): the rules ask for the same points
-# of a 100k-record run many times. The entry holds the records themselves, so their id cannot be reused meanwhile.
-_MEMO = {}
+# (id(records), len(records), what) -> (records, value), alive only inside `memoised()` (one diagnosis): the rules
+# ask for the same points of a 100k-record run many times. The entry holds the records themselves, so their id
+# cannot be reused meanwhile. Outside a diagnosis (the sweep's watcher applies single rules to trials it re-reads for
+# hours) nothing is remembered, so nothing grows.
+_MEMO = None
 
 
-def memo_clear():
-    _MEMO.clear()
+@contextlib.contextmanager
+def memoised():
+    """Remember computed points for the duration of one diagnosis."""
+    global _MEMO
+    _MEMO = {}
+    try:
+        yield
+    finally:
+        _MEMO = None
 
 
 def _memo(records, what, compute):
+    if _MEMO is None:
+        return compute()
     k = (id(records), len(records), what)
     if k not in _MEMO:
         _MEMO[k] = (records, compute())

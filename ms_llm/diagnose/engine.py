@@ -3,10 +3,13 @@
 Each rule reads the parsed run (`ms_llm.rundir.reader.Run`) and the findings of the rules before it, and returns a
 list of `Finding`s or None:
 
-  rules/loss.py            NaN/Inf, divergence, suspicious labels, spikes
+  rules/loss.py            the loss before any update, NaN/Inf, divergence, suspicious labels, spikes
+  rules/regularisation.py  validation flat at the context-free level: dropout, weight decay, capacity, frozen parts
   rules/progress.py        progress against references (ln V, unigram entropy, sibling runs; references.py)
-  rules/generalisation.py  validation rising / gap widening, with the best step and epochs
+  rules/generalisation.py  validation rising / gap widening (with the best step and epochs), distribution shift
+                           between the splits, validation leaking training text
   rules/system.py          throughput, loss scale, memory, clipping, tensor-statistics flags, events
+  rules/wall_time.py       where the wall time went (rundir/walltime.py), speed against a benchmark of the config
   rules/device.py          temperature, host contention, unsupported operators and OOM in logs/, speedup
   rules/schedule.py        schedule and optimizer settings: findings when the curve shows them, else notes
 
@@ -16,22 +19,28 @@ healthy runs produce no finding at all.
 """
 import os
 
-from ms_llm.diagnose.common import SEVERITY_ORDER, memo_clear, memory_limit_gib
+from ms_llm.diagnose.common import SEVERITY_ORDER, memoised, memory_limit_gib
 from ms_llm.diagnose.rules.device import rule_logs, rule_speedup, rule_temperature, scan_logs
-from ms_llm.diagnose.rules.generalisation import rule_generalisation
-from ms_llm.diagnose.rules.loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes
+from ms_llm.diagnose.rules.generalisation import rule_generalisation, rule_leakage
+from ms_llm.diagnose.rules.loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes, rule_start
 from ms_llm.diagnose.rules.progress import rule_progress, rule_siblings
+from ms_llm.diagnose.rules.regularisation import rule_underfitting
 from ms_llm.diagnose.rules.schedule import rule_schedule
 from ms_llm.diagnose.rules.system import (rule_always_clipped, rule_data_wait, rule_events, rule_loss_scale,
                                           rule_low_mfu, rule_memory, rule_memory_growth, rule_stats, rule_uneven)
+from ms_llm.diagnose.rules.wall_time import rule_machine_speed, rule_wall_time
 from ms_llm.rundir.reader import load_run
 from ms_llm.errors import UserError
 
 
-def diagnose(run_dir, device_memory=None, logs=None):
+def diagnose(run_dir, device_memory=None, logs=None, benchmark=None):
     """(run, findings) for the run in `run_dir`; findings sorted errors first. Bad input is a UserError. A run
     that died before its first log interval is still diagnosed when its logs (also `logs`, e.g. msrun's
-    --log_dir) name the error (an unsupported operator, out of memory)."""
+    --log_dir) name the error (an unsupported operator, out of memory). `benchmark`: an `ms-llm benchmark` result
+    of the run's config (default: RUN/benchmark.json when present)."""
+    if benchmark is not None and not os.path.isfile(benchmark):
+        raise UserError(f"--benchmark '{benchmark}' is not a file. Pass the JSON that 'ms-llm benchmark --config "
+                        f"RUN/config.yaml --steps 20 --output FILE' wrote.")
     if logs is not None and not os.path.isdir(logs):
         raise UserError(f"--logs '{logs}' is not a directory. Pass the folder holding the run's worker logs (msrun's "
                         f"--log_dir).")
@@ -46,6 +55,7 @@ def diagnose(run_dir, device_memory=None, logs=None):
             raise
         return run, sorted(rule_logs(run, {}, None), key=lambda f: SEVERITY_ORDER[f.severity])
     run.extra_logs = logs
+    run.benchmark_path = benchmark
     if not run.train and not run.evals:
         if any(scan_logs(run, logs).values()):
             return run, sorted(rule_logs(run, {}, None), key=lambda f: SEVERITY_ORDER[f.severity])
@@ -55,13 +65,10 @@ def diagnose(run_dir, device_memory=None, logs=None):
                         f"logs/ and the console output of 'ms-llm train' for the error.")
     limit = memory_limit_gib(device_memory, run)
     found = {}
-    memo_clear()
-    try:
+    with memoised():
         for rule in RULES:
             for f in rule(run, found, limit) or []:
                 found[f.id] = f
-    finally:
-        memo_clear()
     return run, sorted(found.values(), key=lambda f: SEVERITY_ORDER[f.severity])
 
 
@@ -69,9 +76,10 @@ def exit_code(findings):
     return 1 if any(f.severity != "info" for f in findings) else 0
 
 
-RULES = [rule_nonfinite, rule_divergence, rule_progress, rule_siblings, rule_labels, rule_generalisation, rule_spikes,
-         rule_data_wait, rule_uneven, rule_temperature, rule_low_mfu, rule_loss_scale, rule_memory, rule_memory_growth,
-         rule_always_clipped, rule_stats, rule_logs, rule_speedup, rule_schedule, rule_events]
+RULES = [rule_start, rule_nonfinite, rule_divergence, rule_underfitting, rule_progress, rule_siblings, rule_labels,
+         rule_generalisation, rule_leakage, rule_spikes, rule_data_wait, rule_uneven, rule_temperature, rule_low_mfu,
+         rule_loss_scale, rule_memory, rule_memory_growth, rule_always_clipped, rule_stats, rule_logs, rule_speedup,
+         rule_wall_time, rule_machine_speed, rule_schedule, rule_events]
 
 
 def format_report(run_dir, run, findings):

@@ -108,6 +108,33 @@ def unigram_entropy(run):
     return Entropy(nats, source)
 
 
+def split_entropy(run, split):
+    """The unigram entropy of one split ("train", "val") as an Entropy, from the manifest (or the copy of its
+    statistics in run_info.json), or None. Only what preprocessing measured: no counting here."""
+    m = manifest(run)
+    stats = (m or {}).get("stats") if m else (run.info.get("dataset") or {}).get("stats")
+    h = ((stats or {}).get(split) or {}).get("unigram_entropy_nats")
+    where = "manifest.json" if m else "run_info.json (the dataset's statistics)"
+    return Entropy(h, f"{where} ({split})") if finite(h) and h > 0 else None
+
+
+def split_overlap(run):
+    """(the manifest's `overlap` entry (ms_llm.data.overlap), where it came from) or (None, why not)."""
+    m = manifest(run)
+    if m is not None:
+        entry = m.get("overlap")
+        return (entry, "manifest.json") if entry else (None, "the dataset's manifest predates the measure (ms-llm "
+                                                              "data info DIR measures it)")
+    entry = (run.info.get("dataset") or {}).get("overlap")
+    return (entry, "run_info.json (the dataset's manifest)") if entry else (None, "the dataset is not reachable "
+                                                                                 "from here")
+
+
+def split_method(run):
+    m = manifest(run) or {}
+    return m.get("split_method"), m.get("val_fraction", run.cfg("data.val_fraction"))
+
+
 def from_stats(stats, source):
     """The entropy a dataset's statistics hold (the train split's, else the whole corpus's), or None."""
     for split in ("train", "all"):

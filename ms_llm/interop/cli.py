@@ -22,7 +22,7 @@ def cmd_convert(args):
 
         convert_config(args.from_mindformers_config, args.output, args.samples, args.devices)
         return None
-    if args.from_mindformers or args.to_mindformers:  # Llama checkpoints, docs/from_mindformers.md
+    if args.from_mindformers or args.to_mindformers:  # Llama/Qwen2.5 checkpoints, docs/from_mindformers.md
         from ms_llm.interop.mindformers import ckpt as mindformers_ckpt
 
         if args.from_mindformers:
@@ -75,12 +75,15 @@ def reshard(args):
 
 
 def add_parsers(subparsers):
-    p = subparsers.add_parser("convert", help="Hugging Face GPT-2/Llama and MindFormers Llama checkpoints and configs <-> "
-                                       "ms_llm; reshard across layouts")
-    p.add_argument("--from-hf", metavar="HF_DIR", help="a Hugging Face model folder (config.json + *.safetensors)")
-    p.add_argument("--to-hf", metavar="CHECKPOINT", help="an ms_llm .ckpt/.safetensors file (weights)")
-    p.add_argument("--split", metavar="CHECKPOINT", help="full checkpoint → per-rank shards for --config's layout")
-    p.add_argument("--merge", metavar="SHARD_DIR", help="rank_<r>/model.ckpt shards → one full checkpoint")
+    p = subparsers.add_parser("convert", help="Hugging Face GPT-2/Llama/Qwen2.5/Qwen3/Mistral and MindFormers "
+                                       "Llama/Qwen2.5 checkpoints and configs <-> ms_llm; reshard across layouts")
+    # exactly one mode per call; argparse refuses none or two (exit 2), and tests/test_docs.py requires each in the
+    # README's command table
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--from-hf", metavar="HF_DIR", help="a Hugging Face model folder (config.json + *.safetensors)")
+    mode.add_argument("--to-hf", metavar="CHECKPOINT", help="an ms_llm .ckpt/.safetensors file (weights)")
+    mode.add_argument("--split", metavar="CHECKPOINT", help="full checkpoint → per-rank shards for --config's layout")
+    mode.add_argument("--merge", metavar="SHARD_DIR", help="rank_<r>/model.ckpt shards → one full checkpoint")
     p.add_argument("--devices", type=int, help="with --split/--merge: ranks of the layout; with "
                                                "--from-mindformers-config: ranks of a use_parallel: false run")
     add_set_argument(p)
@@ -90,16 +93,17 @@ def add_parsers(subparsers):
     p.add_argument("--output", required=True, help="folder to write (with --from-mindformers-config: the YAML file)")
     p.add_argument("--format", choices=("ckpt", "safetensors"), default="ckpt",
                    help="with --from-hf / --from-mindformers: the file format written")
-    p.add_argument("--from-mindformers-config", metavar="YAML",
-                   help="a MindFormers Llama YAML → an ms_llm config (--output C.yaml); prints what became of every key")
+    mode.add_argument("--from-mindformers-config", metavar="YAML",
+                      help="a MindFormers Llama YAML → an ms_llm config (--output C.yaml); prints what became of "
+                           "every key")
     p.add_argument("--samples", type=int, help="with --from-mindformers-config: training samples in the dataset, to "
                                                "turn runner_config.epochs into train.max_steps (default: counted when "
                                                "train_dataset's dataset_dir is readable)")
-    p.add_argument("--from-mindformers", metavar="CKPT",
-                   help="a MindFormers Llama checkpoint (.ckpt/.safetensors, or a folder of rank_<r>/ shards with "
-                        "--strategy) → DIR/model.ckpt + config.yaml; needs --config")
-    p.add_argument("--to-mindformers", metavar="CHECKPOINT",
-                   help="an ms_llm checkpoint → MindFormers names in DIR/rank_0/model.ckpt")
+    mode.add_argument("--from-mindformers", metavar="CKPT",
+                      help="a MindFormers Llama checkpoint (.ckpt/.safetensors, or a folder of rank_<r>/ shards with "
+                           "--strategy) → DIR/model.ckpt + config.yaml; needs --config")
+    mode.add_argument("--to-mindformers", metavar="CHECKPOINT",
+                      help="an ms_llm checkpoint → MindFormers names in DIR/rank_0/model.ckpt")
     p.add_argument("--strategy", metavar="PATH", help="with --from-mindformers DIR: the strategy file of the sharded "
                                                       "run (or the folder of per-stage files)")
     p.add_argument("--fused-layout", choices=("grouped", "concatenated"),

@@ -3,6 +3,7 @@ TensorBoard event files."""
 import json
 import math
 import os
+import time
 
 SUMMARY_SCALARS = ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "mfu", "mem_gib", "val_loss")
 
@@ -17,7 +18,8 @@ def format_line(r, max_steps):
     if "val_loss" in r:
         return f"step {r['step']}/{max_steps} | val_loss {r['val_loss']:.4f} | {r['val_tokens']:,} tokens"
     if "event" in r:
-        return f"step {r['step']}/{max_steps} | " + " | ".join(f"{k} {v}" for k, v in r.items() if k != "step")
+        return f"step {r['step']}/{max_steps} | " + " | ".join(f"{k} {v}" for k, v in r.items()
+                                                        if k not in ("step", "time", "elapsed_s"))
     parts = [f"step {r['step']}/{max_steps}", f"loss {r['loss']:.4f}", f"lr {r['lr']:.2e}",
              f"grad_norm {r['grad_norm']:.3f}", f"scale {r['loss_scale']:g}", f"skipped {r['skipped']}",
              f"{r['tokens_per_s']:,.0f} tok/s", f"mfu {100 * r['mfu']:.1f}%", f"mem {r['mem_gib']:.2f} GiB",
@@ -36,9 +38,11 @@ def _clean(v):
 class MetricsWriter:
     """Writes records on rank 0 only; other ranks print their lines to their own (msrun) log."""
 
-    def __init__(self, run_dir, rank, max_steps, monitor=None, echo=print):
-        """`monitor`: the config's monitor section (summary, tensorboard switches); None: neither."""
+    def __init__(self, run_dir, rank, max_steps, monitor=None, echo=print, t_start=None):
+        """`monitor`: the config's monitor section (summary, tensorboard switches); None: neither. `t_start`: the
+        Unix time `elapsed_s` counts from (this process's start of training; default: now)."""
         self.rank, self.max_steps, self.echo = rank, max_steps, echo
+        self.t_start = time.time() if t_start is None else t_start
         self.jsonl = open(os.path.join(run_dir, "metrics.jsonl"), "a", encoding="utf-8") if rank == 0 else None
         self.sinks = []  # scalar writers: .scalars(step, {name: value}), .close()
         if rank == 0 and monitor is not None and monitor.summary:
@@ -51,6 +55,11 @@ class MetricsWriter:
             self.sinks.append(TensorBoardWriter(os.path.join(run_dir, "tensorboard")))
 
     def write(self, record, echo=True):
+        """One record: a log interval, an evaluation or an event. Each carries `time` (Unix seconds) and
+        `elapsed_s` (since this process started training), stamped here when the caller did not."""
+        if "time" not in record:
+            now = time.time()
+            record = {**record, "time": round(now, 3), "elapsed_s": round(now - self.t_start, 3)}
         if echo:
             self.echo(format_line(record, self.max_steps) if "step" in record else json.dumps(record))
         if self.jsonl is None:

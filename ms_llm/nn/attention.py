@@ -1,4 +1,6 @@
-"""Causal self-attention with fused QKV projection, optional RoPE and grouped-query attention.
+"""Causal self-attention with fused QKV projection, optional RoPE and grouped-query attention, and the options of
+Llama's relatives: q/k/v biases (Qwen2.5), per-head q/k RMSNorm (Qwen3), a head size apart from hidden/heads
+(Qwen3), a sliding window (Mistral).
 
 Scores, mask and softmax are computed in float32 whatever the compute dtype: QK^T overflows float16
 on long sequences long before anything else does.
@@ -11,15 +13,27 @@ from mindspore import nn, ops
 
 from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.linear import Linear
+from ms_llm.nn.norms import RMSNorm
 from ms_llm.nn.rope import RotaryEmbedding
 
 MASKED = -1e9  # finite, so a fully masked row cannot produce NaN
 FLASH_MASK = 2048  # FlashAttentionScore's causal mode (sparse_mode=2) takes a fixed 2048x2048 mask
 
 
-def use_flash_attention(compute_dtype, head_dim, dropout, backend):
-    """Ascend's fused FlashAttentionScore: float16/bfloat16, head size a multiple of 16, no dropout."""
-    return backend.ascend and compute_dtype in (ms.float16, ms.bfloat16) and head_dim % 16 == 0 and dropout == 0
+def use_flash_attention(compute_dtype, head_dim, dropout, backend, window=None):
+    """Ascend's fused FlashAttentionScore: float16/bfloat16, head size a multiple of 16, no dropout, and (as its
+    compressed causal mask is used) no sliding window."""
+    return (backend.ascend and compute_dtype in (ms.float16, ms.bfloat16) and head_dim % 16 == 0 and dropout == 0
+            and window is None)
+
+
+def causal_mask(seq_length, window=None):
+    """(T, T) float32: 0 where query i may attend to key j, MASKED elsewhere: j > i, and with a sliding window
+    also i - j >= window (i attends to itself and the window - 1 tokens before it, as Hugging Face's Mistral)."""
+    mask = np.triu(np.full((seq_length, seq_length), MASKED, np.float32), 1)
+    if window is not None:
+        mask += np.tril(np.full((seq_length, seq_length), MASKED, np.float32), -window)
+    return mask
 
 
 class ProbsRecomputedCore(nn.Cell):
@@ -61,22 +75,24 @@ class AttentionCore(nn.Cell):
     `ms_llm.parallel` can shard them by name from outside."""
 
     def __init__(self, num_heads, num_kv_heads, head_dim, seq_length, dropout=0.0, compute_dtype=ms.float32,
-                 backend=PORTABLE):
+                 backend=PORTABLE, window=None):
         super().__init__()
         self.num_heads, self.groups, self.head_dim = num_heads, num_heads // num_kv_heads, head_dim
         self.scale = 1.0 / math.sqrt(head_dim)
         self.dtype = compute_dtype
-        self.flash = use_flash_attention(compute_dtype, head_dim, dropout, backend)
+        window = window if window is not None and window < seq_length else None  # wider than a sample: no-op
+        self.flash = use_flash_attention(compute_dtype, head_dim, dropout, backend, window)
         if self.flash:  # 1 = masked, upper triangle: the compressed causal mask of sparse_mode=2
             self.mask = ms.Tensor(np.triu(np.ones((FLASH_MASK, FLASH_MASK), np.uint8), 1))
         else:
-            self.mask = ms.Tensor(np.triu(np.full((seq_length, seq_length), MASKED, np.float32), 1))
+            self.mask = ms.Tensor(causal_mask(seq_length, window))
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
         self.softmax = ops.Softmax(-1)
         # CPU: mask and softmax in one kernel, and one for its backward. MindSpore's mask add and SoftmaxGrad
-        # kept ~6 score-sized (B, H, T, T) temporaries per layer in backward (docs/performance.md, memory)
-        self.causal_softmax = None if self.flash else backend.kernel("causal_softmax")
+        # kept ~6 score-sized (B, H, T, T) temporaries per layer in backward (docs/performance.md, memory).
+        # The kernel knows only the causal triangle: a sliding window takes the mask add.
+        self.causal_softmax = None if self.flash or window is not None else backend.kernel("causal_softmax")
         self.fused = self.causal_softmax is not None
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
         self.recomputed = ProbsRecomputedCore(self.scale, compute_dtype, backend) if self.fused and not dropout \
@@ -117,16 +133,29 @@ class AttentionCore(nn.Cell):
 
 
 class CausalSelfAttention(nn.Cell):
+    """x → out(attention(rope(q), rope(k), v)) with q, k, v from one fused projection.
+
+    head_dim: size of each head (None: hidden / num_heads). qkv_bias: biases on q, k, v but not on out (bias=True
+    puts them on both). qk_norm_eps: when given, RMSNorm over each head's q and k before RoPE (Qwen3).
+    rope_scaling: a model.rope_scaling section. window: sliding-window length (None: full causal).
+    """
+
     def __init__(self, hidden, num_heads, num_kv_heads, seq_length, bias=False, init_std=0.02, out_std=0.02,
-                 dropout=0.0, rope_theta=None, compute_dtype=ms.float32, backend=PORTABLE):
+                 dropout=0.0, rope_theta=None, compute_dtype=ms.float32, backend=PORTABLE, head_dim=None,
+                 qkv_bias=False, qk_norm_eps=None, rope_scaling=None, window=None):
         super().__init__()
         self.num_heads, self.num_kv_heads = num_heads, num_kv_heads
-        self.head_dim = hidden // num_heads
-        self.qkv = Linear(hidden, (num_heads + 2 * num_kv_heads) * self.head_dim, bias, init_std, compute_dtype)
+        self.head_dim = head_dim or hidden // num_heads
+        self.qkv = Linear(hidden, (num_heads + 2 * num_kv_heads) * self.head_dim, bias or qkv_bias, init_std,
+                          compute_dtype)
         self.out = Linear(num_heads * self.head_dim, hidden, bias, out_std, compute_dtype)
-        self.rope = RotaryEmbedding(self.head_dim, seq_length, rope_theta) if rope_theta else None
+        self.qk_norm = qk_norm_eps is not None
+        self.q_norm = RMSNorm(self.head_dim, qk_norm_eps, backend) if self.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, qk_norm_eps, backend) if self.qk_norm else None
+        self.rope = RotaryEmbedding(self.head_dim, seq_length, rope_theta, rope_scaling) if rope_theta else None
         self.use_rope = rope_theta is not None
-        self.core = AttentionCore(num_heads, num_kv_heads, self.head_dim, seq_length, dropout, compute_dtype, backend)
+        self.core = AttentionCore(num_heads, num_kv_heads, self.head_dim, seq_length, dropout, compute_dtype, backend,
+                                  window)
         self.flash = self.core.flash
         self.resid_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
         # CPU, float32: heads split and merged by copy kernels. MindSpore's CPU Transpose keeps an int64 index
@@ -146,6 +175,8 @@ class CausalSelfAttention(nn.Cell):
         else:
             qkv = qkv.transpose(0, 2, 1, 3)  # (B, H+2KV, T, D)
             q, k, v = qkv[:, :h], qkv[:, h:h + kv], qkv[:, h + kv:]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
             q, k = self.rope(q), self.rope(k)
         y = self.core(q, k, v)

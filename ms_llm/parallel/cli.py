@@ -46,7 +46,8 @@ def cmd_plan(args):
 
     if not args.config and not any(o.strip().startswith("model.preset=") for o in args.overrides):
         raise UserError("plan needs a model: pass --config C, or a preset with --set model.preset=llama2-7b "
-                        "(gpt2-124m, llama2-7b, llama2-13b, llama2-70b, llama3-8b, ...).")
+                        "(gpt2-124m, llama2-7b, llama3.1-8b, qwen2.5-7b, qwen3-8b, mistral-7b, ...; "
+                        "docs/models.md).")
     cfg = load_config(args.config, args.overrides)
     cluster = cluster_from_args(args, cfg)
     flash = {"auto": None, "on": True, "off": False}[args.flash_attention]
@@ -119,7 +120,7 @@ def parse_links(text):
 def model_dict(shape, cfg):
     return dict(arch=shape.arch, params=shape.total_params(), matmul_params=shape.matmul_params(),
                 num_layers=shape.num_layers, hidden_size=shape.hidden, num_heads=shape.heads,
-                num_kv_heads=shape.kv_heads, ffn_hidden_size=shape.ffn, seq_length=shape.seq,
+                num_kv_heads=shape.kv_heads, head_dim=shape.head_dim, ffn_hidden_size=shape.ffn, seq_length=shape.seq,
                 vocab_size=shape.vocab, tie_embeddings=shape.tied, compute_dtype=cfg.precision.compute_dtype)
 
 
@@ -137,9 +138,15 @@ def compact(r):
     return out
 
 
+def head_size(shape):
+    """' of D' when the heads are not hidden / heads wide (model.head_dim set apart, as Qwen3's)."""
+    return f" of {shape.head_dim}" if shape.attention_width != shape.hidden else ""
+
+
 def header(shape, cfg, c):
     return (f"model: {shape.arch}, {shape.total_params():,} parameters ({shape.num_layers} layers, hidden "
-            f"{shape.hidden}, {shape.heads} heads / {shape.kv_heads} kv, ffn {shape.ffn}, seq {shape.seq}, vocab "
+            f"{shape.hidden}, {shape.heads} heads / {shape.kv_heads} kv{head_size(shape)}, ffn {shape.ffn}, seq "
+            f"{shape.seq}, vocab "
             f"{shape.vocab}); compute dtype {cfg.precision.compute_dtype}\n"
             f"cluster: {c.devices} devices ({c.nodes} node(s) × {c.devices_per_node}), {c.device_memory_gib:g} GiB "
             f"each, {c.device_tflops:g} TFLOP/s peak × {c.mfu:g} assumed utilisation, links {c.intra_gbps:g} GB/s "

@@ -36,9 +36,7 @@ class ParallelPlan:
 
     @property
     def semi_auto(self):
-        """Tensor/pipeline parallelism and optimizer sharding run through MindSpore's semi-auto parallel mode;
-        plain data parallelism runs with an explicit gradient all-reduce (which also works on CPU)."""
-        return self.mp * self.pp > 1 or self.optimizer_shard
+        return self.mp * self.pp > 1 or self.optimizer_shard  # the rule of uses_semi_auto
 
     @property
     def bubble(self):
@@ -92,6 +90,13 @@ class ParallelPlan:
             sel = sum(r == "select" for r in self.recompute_of_layer)
             rows.append(f"recompute: {full} layer(s) full, {sel} layer(s) attention core + MLP activation only")
         return "\n".join(rows + [f"warning: {w}" for w in self.warnings])
+
+
+def uses_semi_auto(pc):
+    """Whether the parallel_config section runs through MindSpore's semi-auto parallel mode: tensor/pipeline
+    parallelism and optimizer sharding do; plain data parallelism runs with an explicit gradient all-reduce (which
+    also works on CPU)."""
+    return pc.model_parallel * pc.pipeline_stage > 1 or pc.optimizer_shard
 
 
 def _lookup(table, path):
@@ -264,9 +269,9 @@ def build_plan(cfg, devices, check_batch=True):
                         pc.vocab_emb_dp, strategies, outs, stages, recompute_layers(rc, stages, pp), warnings)
 
 
-def resolve_layout(cfg, world_size, device_target):
-    """The config with parallel_config.data_parallel derived for this launch (a new object; `cfg` is left as it
-    was loaded), and its validated plan. Refuses layouts the device cannot run."""
+def with_data_parallel(cfg, world_size, device_target):
+    """The config with parallel_config.data_parallel derived for a launch of `world_size` ranks (a new object; `cfg`
+    is left as it was loaded). Refuses layouts the device cannot run."""
     pc = cfg.parallel_config
     model_pipe = pc.model_parallel * pc.pipeline_stage
     if (model_pipe > 1 or pc.optimizer_shard) and device_target == "CPU":
@@ -280,4 +285,4 @@ def resolve_layout(cfg, world_size, device_target):
             raise UserError(f"{world_size} ranks cannot be split into model_parallel × pipeline_stage = {model_pipe}. "
                             f"Launch a multiple of {model_pipe} workers.")
         cfg = replace(cfg, parallel_config=replace(pc, data_parallel=world_size // model_pipe))
-    return cfg, build_plan(cfg, world_size)
+    return cfg

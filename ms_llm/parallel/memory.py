@@ -72,7 +72,8 @@ def layer_activation_units(shape, t, seq_parallel, recompute, flash=False, compu
 
     Not split by tensor parallelism (10): both norm inputs 4, QKV input 2, MLP input 2, two dropout masks 2
     (8 without dropout: ms_llm's models keep no masks when model.dropout = 0, the default).
-    Split t ways: Q 2, K and V 2·kv/a each, attention-out input 2, then the MLP: GELU keeps its input and
+    Split t ways: Q 2, K and V 2·kv/a each, attention-out input 2 (each × a·d/h when the head size d is set
+    apart from h/a, as Qwen3's), then the MLP: GELU keeps its input and
     output, 2·(f/h) each = 4·f/h (16 at f = 4h); SwiGLU keeps gate output, silu output, up output and their
     product, 8·f/h. The s×s attention scores: 5·a·s/h with dropout (softmax output 2, dropout mask 1, dropout
     output 2); without dropout the softmax output alone, 2·a·s/h, or 3·a·s/h with 16-bit compute (the float32
@@ -89,17 +90,19 @@ def layer_activation_units(shape, t, seq_parallel, recompute, flash=False, compu
     kv = shape.kv_heads / a
     dropout = shape.dropout > 0
     selective = recompute == "selective"
+    wide = shape.attention_width / h  # q, k, v and the attention output are a·d wide: 1 unless head_dim is set apart
     mlp_units = (4 if shape.swiglu else 2) * (1 if selective else 2)
-    split = 4 + 4 * kv + mlp_units * shape.ffn / h
+    split = (4 + 4 * kv) * wide + mlp_units * shape.ffn / h
     no_scores = selective or flash
     score_units = 5 if dropout else 2 if compute_dtype == "float32" else 3
     scores = 0.0 if no_scores else score_units * a * s / h
     whole = 10 if dropout else 8
     mlp_txt = f"{mlp_units}·f/h"
+    attn_txt = "4 + 4·kv/a" if wide == 1 else "(4 + 4·kv/a)·a·d/h"
     scores_txt = "" if no_scores else f" + {score_units}·a·s/h"
     if seq_parallel:
-        return (whole + split + scores) / t, f"({whole} + 4 + 4·kv/a + {mlp_txt}{scores_txt})/t"
-    return whole + (split + scores) / t, f"{whole} + (4 + 4·kv/a + {mlp_txt}{scores_txt})/t"
+        return (whole + split + scores) / t, f"({whole} + {attn_txt} + {mlp_txt}{scores_txt})/t"
+    return whole + (split + scores) / t, f"{whole} + ({attn_txt} + {mlp_txt}{scores_txt})/t"
 
 
 def layers_per_stage(shape, layout):

@@ -151,7 +151,7 @@ def flops_per_token(shape, layout):
     2·L·h·s per selectively recomputed layer (its causal forward again). (The MLP activation that selective
     recompute also rebuilds is element-wise: no matmul FLOPs.)"""
     n = shape.matmul_params()
-    L, h, s = shape.num_layers, shape.hidden, shape.seq
+    L, h, s = shape.num_layers, shape.attention_width, shape.seq  # h: heads × head_dim (= hidden unless set apart)
     full, selective = recompute_share(shape, layout)
     flash = layout.flash_attention
     attention = (6 if flash else 12) * L * h * s

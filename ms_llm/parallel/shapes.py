@@ -21,6 +21,9 @@ class ModelShape:
     tied: bool
     bias: bool
     dropout: float = 0.0  # > 0 keeps dropout masks and outputs as activations
+    head_size: int = 0  # 0: hidden / heads (model.head_dim null)
+    qkv_bias: bool = False  # biases on q, k, v only (Qwen2.5)
+    qk_norm: bool = False  # RMSNorm over each head's q and k (Qwen3)
 
     @classmethod
     def from_config(cls, m):
@@ -31,11 +34,16 @@ class ModelShape:
                             "preset (--set model.preset=llama2-7b).")
         return cls(m.arch, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads or m.num_heads,
                    m.ffn_hidden_size, m.seq_length, m.vocab_size, m.tie_embeddings, m.bias and m.arch == "gpt2",
-                   m.dropout)
+                   m.dropout, m.head_dim or 0, m.qkv_bias, m.qk_norm)
 
     @property
     def head_dim(self):
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
+
+    @property
+    def attention_width(self):
+        """heads × head_dim: the width of q and of the attention output (= hidden unless head_dim is set apart)."""
+        return self.heads * self.head_dim
 
     @property
     def swiglu(self):
@@ -50,13 +58,15 @@ class ModelShape:
         out = self.heads * d * h
         mlp = (3 if self.swiglu else 2) * h * self.ffn
         bias = (self.heads + 2 * self.kv_heads) * d + self.ffn if self.bias else 0
+        if self.qkv_bias:
+            bias += (self.heads + 2 * self.kv_heads) * d
         return qkv + out + mlp + bias
 
     def layer_replicated_params(self):
-        """Per layer, the parameters every tensor-parallel rank keeps whole: the two norms and the biases of
-        the row-parallel matrices (attention out, MLP down)."""
+        """Per layer, the parameters every tensor-parallel rank keeps whole: the two norms (and the per-head q/k
+        norms) and the biases of the row-parallel matrices (attention out, MLP down)."""
         h = self.hidden
-        norms = 2 * (2 * h if self.bias else h)
+        norms = 2 * (2 * h if self.bias else h) + (2 * self.head_dim if self.qk_norm else 0)
         return norms + (2 * h if self.bias else 0)
 
     def final_norm_params(self):

@@ -9,6 +9,7 @@ import os
 import numpy as np
 
 from ms_llm.rundir.reader import is_run_dir, load_run, read_jsonl
+from ms_llm.rundir.walltime import TIMING_EVENTS
 from ms_llm.errors import UserError
 
 ALIGNS = ("step", "tokens")
@@ -101,7 +102,7 @@ class RunData:
         return self._events
 
     def _collect_events(self):
-        out = [dict(e) for e in self.run.events]
+        out = [dict(e) for e in self.run.events if e.get("event") not in TIMING_EVENTS]
         seen = {e["step"] for e in out if e.get("event") == "nonfinite"}
         out += [{"step": s, "event": "nonfinite", "detail": "loss is NaN/Inf"} for s in self.nonfinite_steps("loss")
                 if s not in seen]

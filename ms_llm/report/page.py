@@ -27,6 +27,9 @@ th{background:#f4f4f4}td.num{text-align:right;font-variant-numeric:tabular-nums}
 .sev-error{color:#b00020;font-weight:600}.sev-warning{color:#b36b00;font-weight:600}
 .sev-info{color:#2a6f97;font-weight:600}
 details{margin:4px 0}summary{cursor:pointer}code{font-size:12px;background:#f6f6f6;padding:0 3px}
+.timebar{display:flex;height:18px;border:1px solid #ccc;border-radius:3px;overflow:hidden;margin:2px 0 4px;
+ max-width:900px}.timebar span{display:block;height:100%}.timelegend{font-size:12px;color:#444;margin-bottom:8px}
+.timelegend i{display:inline-block;width:10px;height:10px;margin:0 3px 0 10px;vertical-align:-1px}
 """
 
 # Marks each panel data-rendered="1" once a canvas under it (through Bokeh's shadow roots) holds pixels,
@@ -116,18 +119,20 @@ def payload_json(payload):
     return json.dumps(payload, separators=(",", ":"), allow_nan=False).replace("<", "\\u003c")
 
 
-def document(title, subtitle, sections, payload):
-    """The whole page. `sections` maps a section id to its inner HTML (None: left out)."""
-    nav = " ".join(f'<a href="#{sid}">{esc(name)}</a>' for sid, name in SECTIONS if sections.get(sid))
+def document(title, subtitle, sections, payload, headings=None, tool="ms-llm report"):
+    """The whole page. `sections` maps a section id to its inner HTML (None: left out); `headings` renames
+    sections for a page that is not a run report; `tool` is the command named as the page's author."""
+    named = [(sid, (headings or {}).get(sid, name)) for sid, name in SECTIONS]
+    nav = " ".join(f'<a href="#{sid}">{esc(name)}</a>' for sid, name in named if sections.get(sid))
     body = "".join(f'<section id="{sid}"><h2>{esc(name)}</h2>{sections[sid]}</section>'
-                   for sid, name in SECTIONS if sections.get(sid))
+                   for sid, name in named if sections.get(sid))
     now = datetime.datetime.now().isoformat(timespec="seconds")
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             f'<meta name="viewport" content="width=device-width, initial-scale=1">'
             f'<title>{esc(title)}</title><style>{STYLE}</style>{bokeh_js()}</head>'
             f'<body><h1>{esc(title)}</h1><div class="sub">{esc(subtitle)} · generated {esc(now)} by ms_llm '
-            f'(ms-llm report). Drag on a curve to zoom its steps (all curves follow), the toolbar’s reset button '
+            f'({esc(tool)}). Drag on a curve to zoom its steps (all curves follow), the toolbar’s reset button '
             f'restores; click a legend entry to hide it.</div><nav>{nav}</nav>{body}'
             f'<script type="application/json" id="report-data">{payload_json(payload)}</script>'
             f'<script>{report_js()}</script><script>{CHECK_SCRIPT}</script></body></html>\n')

@@ -83,7 +83,36 @@ def summary_section(runs):
     bad = [f"{rd.name}: {rd.run.bad_lines} unreadable line(s) skipped" for rd in runs if rd.run.bad_lines]
     return (page.table(["run", "status", "steps", "best val loss", "final val loss", "tokens/s (median)", "started",
                         "elapsed", "last record", "ETA", "compute dtype", "path"], rows, numeric=(3, 4, 5, 7, 9))
-            + "".join(f'<p class="note">{page.esc(b)}</p>' for b in bad))
+            + "".join(f'<p class="note">{page.esc(b)}</p>' for b in bad) + time_bars(runs))
+
+
+TIME_COLORS = {"startup": "#bcbd22", "compile": "#8c564b", "training": "#2ca02c", "data wait": "#ff7f0e",
+               "evaluation": "#1f77b4", "checkpoints": "#9467bd", "report": "#17becf", "the rest": "#c7c7c7"}
+HOOK_COLORS = ("#d62728", "#e377c2", "#7f7f7f", "#aec7e8", "#ffbb78")
+
+
+def time_bars(runs):
+    """Per run, a stacked bar of where its wall time went (ms_llm.rundir.walltime), phases as measured."""
+    from ms_llm.rundir.walltime import account, duration, shares
+
+    out = []
+    for rd in runs:
+        acc = account(rd.run)
+        if acc is None:
+            continue
+        rows = [r for r in shares(acc) if r[1] > 0]
+        hooks = iter(HOOK_COLORS)
+        colors = {label: TIME_COLORS.get(label) or next(hooks, "#7f7f7f") for label, *_ in rows}
+        bar = "".join(f'<span style="width:{100 * share:.3f}%;background:{colors[label]}" title="'
+                      f'{page.esc(label)}: {sec:.1f} s ({100 * share:.1f}%)"></span>' for label, sec, share, _ in rows)
+        legend = "".join(f'<i style="background:{colors[label]}"></i>{page.esc(label)} {100 * share:.1f}%'
+                         + (f' <span class="sub">({page.esc(key)})</span>' if key and share >= 0.05 else "")
+                         for label, _, share, key in rows)
+        note = "" if acc["measured"] else " (records without timing fields: their time is in 'the rest')"
+        out.append(f'<h3>where the wall time went: {page.esc(rd.name)}, {duration(acc["wall_s"])} over '
+                   f'{acc["processes"]} process(es){page.esc(note)}</h3><div class="timebar">{bar}</div>'
+                   f'<div class="timelegend">{legend}</div>')
+    return "".join(out)
 
 
 def duration(seconds):

@@ -10,6 +10,7 @@ import yaml
 
 from ms_llm.errors import UserError
 from ms_llm.fileio import run_config_path
+from ms_llm.rundir.walltime import account, duration, shares
 
 # Values the metrics writer stores as strings because JSON has no NaN/Inf (see monitor/metrics.py).
 NONFINITE = {"nan": math.nan, "inf": math.inf, "-inf": -math.inf,
@@ -45,6 +46,21 @@ class Run:
                 return default
             node = node[key]
         return node
+
+    def section(self, name):
+        """Section `name` of the run's config as its typed dataclass: the run's values where they read as this
+        version's schema says, the schema's defaults for the rest (a config an older version wrote still reads,
+        and no reader restates a default of its own)."""
+        from ms_llm.config.loader import SECTIONS, build_section
+
+        readable = {}
+        for key, value in (self.config.get(name) or {}).items():
+            try:
+                build_section(name, SECTIONS[name], {key: value})
+                readable[key] = value
+            except UserError:
+                pass
+        return build_section(name, SECTIONS[name], readable)
 
     @property
     def max_steps(self):
@@ -184,6 +200,7 @@ def summarize(run, root=None):
     finite = [r["val_loss"] for r in run.evals if _finite(r.get("val_loss"))]
     tok = [r["tokens_per_s"] for r in run.train if _finite(r.get("tokens_per_s"))]
     final_val = run.final.get("final_val_loss")
+    acc = account(run)
     return {
         "name": os.path.relpath(run.path, root) if root else run.name,
         "start_time": run.info.get("start_time"),
@@ -194,6 +211,8 @@ def summarize(run, root=None):
         "final_val_loss": final_val if _finite(final_val) else None,
         "tokens_per_s": statistics.median(tok[1:] or tok) if tok else None,  # first interval includes warm-up
         "status": run.status,
+        "wall_s": acc["wall_s"] if acc else None,
+        "time_shares": {label: round(share, 4) for label, _, share, _ in shares(acc)} if acc else None,
     }
 
 
@@ -203,10 +222,11 @@ def list_runs(root):
 
 
 def format_table(rows):
-    head = ["run", "started", "model", "steps", "best val", "final val", "tok/s", "status"]
+    head = ["run", "started", "model", "steps", "best val", "final val", "tok/s", "status", "wall", "where the time went"]
     body = [[r["name"], (r["start_time"] or "-").replace("T", " ")[:16], _model(r),
              f"{r['steps']}/{r['max_steps'] or '?'}", _num(r["best_val_loss"]), _num(r["final_val_loss"]),
-             f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] is not None else "-", r["status"]] for r in rows]
+             f"{r['tokens_per_s']:,.0f}" if r["tokens_per_s"] is not None else "-", r["status"],
+             duration(r["wall_s"]) if r.get("wall_s") else "-", _time(r.get("time_shares"))] for r in rows]
     widths = [max(len(str(x)) for x in col) for col in zip(head, *body)]
     return "\n".join("  ".join(str(x).ljust(w) for x, w in zip(line, widths)).rstrip() for line in [head] + body)
 
@@ -217,6 +237,19 @@ def _model(r):
         n = r["params"]
         parts.append(f"{n / 1e3:.0f}K" if n < 1e6 else f"{n / 1e6:.1f}M" if n < 1e9 else f"{n / 1e9:.2f}B")
     return " ".join(p for p in parts if p)
+
+
+SHORT = {"training": "steps", "data wait": "data", "evaluation": "eval", "checkpoints": "ckpt",
+         "tensor statistics": "stats", "NaN check": "nan", "profiler window": "profile", "anomaly guard": "anomaly",
+         "the rest": "rest"}
+
+
+def _time(time_shares, least=0.05):
+    """'steps 61% eval 30% compile 8%': the phases of at least `least` of the wall time, largest first."""
+    if not time_shares:
+        return "-"
+    top = sorted(((v, k) for k, v in time_shares.items() if v >= least), reverse=True)
+    return " ".join(f"{SHORT.get(k, k)} {100 * v:.0f}%" for v, k in top) or "-"
 
 
 def _num(v):

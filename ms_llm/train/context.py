@@ -120,13 +120,8 @@ def select_device(ctx_cfg):
     ms.set_context(**kwargs)
     if ctx_cfg.max_device_memory and target != "CPU":
         ms.runtime.set_memory(max_size=ctx_cfg.max_device_memory)
-    if ctx_cfg.num_threads and _THREADS_SET.get("num") != ctx_cfg.num_threads:
-        # select_device runs twice in a training process (the layout check, then setup_context), and MindSpore
-        # refuses a second threads_num call ("can not be set repeatedly") even with the same value
-        from mindspore.device_context.cpu import op_tuning
-
-        op_tuning.threads_num(ctx_cfg.num_threads)
-        _THREADS_SET["num"] = ctx_cfg.num_threads
+    if ctx_cfg.num_threads:
+        limit_cpu_threads(ctx_cfg.num_threads)
     return target
 
 
@@ -146,6 +141,18 @@ def release_freed_host_memory():
         libc.malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+def limit_cpu_threads(n):
+    """MindSpore's CPU kernel threads, set once per process: select_device runs twice in a training process (the
+    layout check, then setup_context), and MindSpore refuses a second threads_num call ("can not be set
+    repeatedly") even with the same value."""
+    if _THREADS_SET.get("num") == n:
+        return
+    from mindspore.device_context.cpu import op_tuning
+
+    op_tuning.threads_num(n)
+    _THREADS_SET["num"] = n
 
 
 def all_ranks_sum(rt, value):

@@ -2,6 +2,7 @@
 rollback, report refresh, telemetry): the loop calls them at fixed points and knows nothing else about them,
 so `ms_llm.train` never imports `ms_llm.debug`. The entry point builds them from the config
 (`ms_llm.run_hooks.hooks_for`)."""
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -42,10 +43,19 @@ class Hook:
         """After the final summary is written (run_info.json): e.g. the last report refresh."""
 
 
-def call(hooks, method, *args):
+def call(hooks, method, *args, times=None):
     """Call `method` on every hook that has it (a hook need not subclass Hook: the monitor's profiler window,
-    which may not import ms_llm.train, implements only what it uses)."""
+    which may not import ms_llm.train, implements only what it uses). `times`: a dict that gets the seconds of
+    each call added under the hook's class name (the run's wall-time accounting)."""
     for h in hooks:
         fn = getattr(h, method, None)
         if fn is not None:
-            fn(*args)
+            if times is None:
+                fn(*args)
+                continue
+            t0 = time.perf_counter()
+            try:
+                fn(*args)
+            finally:
+                name = type(h).__name__
+                times[name] = times.get(name, 0.0) + time.perf_counter() - t0

@@ -53,7 +53,11 @@ def load_run_model(run_dir, step=None, overrides=(), checkpoint=None, log=print)
     except Exception as e:  # noqa: BLE001 (any unreadable file gets the same explanation)
         raise UserError(f"checkpoint '{path}' cannot be read ({type(e).__name__}): not a MindSpore or safetensors "
                         f"checkpoint, or truncated.") from None
-    model = build_model(cfg.model, cfg.precision.compute_dtype)
+    from ms_llm.nn.backend import for_device
+
+    # the run's own kernels (context.cpu_kernels), so that a dump or a NaN hunt computes what training computed
+    model = build_model(cfg.model, cfg.precision.compute_dtype,
+                        for_device(ms.get_context("device_target"), cfg.context.cpu_kernels))
     params = {p.name: p for p in model.get_parameters()}
     missing = [n for n in params if n not in arrays]
     if missing:

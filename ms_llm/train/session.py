@@ -1,21 +1,28 @@
 """Everything a run holds, built once from a config: runtime, data, model, optimizer, compiled step.
 
 `open_session` does all checks that can refuse a run (config × world size, dataset × model) before it
-builds anything; the trainer, the benchmark and the debugging tools all start from it. The session's `cfg` is
-the resolved config (data-parallel size, vocabulary and strategy directory filled in), a new object: the
-config the caller loaded is left as it was.
+builds anything; the trainer, the benchmark and the debugging tools all start from it. The session holds the
+resolved config (`ms_llm.train.resolve`: data-parallel size, vocabulary and strategy directory filled in, and
+the parallel layout), a new object: the config the caller loaded is left as it was.
+
+One step's path through the files: `Session.train_step` (here) → `step.AccumulateStep` for each micro-batch but
+the last, then `step.TrainStep` (ms_llm/train/step.py: `LossFn` → the model's `construct` in ms_llm/nn/transformer.py
+→ cross_entropy; value_and_grad; all-reduce, norm, clip; `optimizer.AdamW`), the first step of a session going
+through `first_step` (ms_llm/train/compile_cache.py: compile or load, binding check, first-step record).
 """
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields
 from typing import Any, Callable, List, NamedTuple
 
 import numpy as np
 
-from ms_llm.config import check_against_dataset
+from ms_llm.config.validate import head_dim
 from ms_llm.data.loader import TrainBatches, check_token_ids, eval_batches
 from ms_llm.data.manifest import has_manifest, load_manifest
 from ms_llm.errors import UserError
 from ms_llm.monitor.throughput import flops_per_token, peak_tflops
+from ms_llm.train import compile_cache
 from ms_llm.train.context import Runtime, agree, all_ranks_ok, launch_world_size, select_device, setup_context
+from ms_llm.train.resolve import ResolvedConfig, check_launch, resolve
 
 
 class StepOutput(NamedTuple):
@@ -28,11 +35,11 @@ class StepOutput(NamedTuple):
 
 @dataclass
 class Session:
-    cfg: Any
+    resolved: ResolvedConfig  # the config as run and its parallel layout
     rt: Runtime
     log: Callable
     manifest: dict
-    plan: Any
+    purpose: str  # what the session is for (train, benchmark, lr_find, ...): part of the compile cache's key
     accum: int
     model: Any
     step_fn: Any
@@ -42,9 +49,17 @@ class Session:
     n_params: int
     flops_per_token: float
     peak_flops: float
-    cache: Any = None  # compile_cache.Guard while the step's graphs are not yet compiled
+    cache: Any = None  # compile_cache.Guard until the first step has compiled (or loaded) the step's graphs
     fresh_start: bool = True  # the step starts from the config's own initialisation (no resume, no loaded weights)
     compiled: bool = False
+
+    @property
+    def cfg(self):
+        return self.resolved.cfg
+
+    @property
+    def parallel(self):
+        return self.resolved.parallel
 
     @property
     def tokens_per_step(self):
@@ -65,10 +80,11 @@ class Session:
         return batches
 
     def train_step(self, batches=None):
-        """One optimizer step: accum-1 accumulating micro-batches, then the updating one."""
+        """One optimizer step: accum-1 accumulating micro-batches, then the updating one. The first step of a
+        session under the compile cache goes through `first_step`, so every driver gets its checks."""
         batches = batches or self.next_batches()
         if self.cache is not None:
-            return self.first_cached_step(batches)
+            return self.first_step(batches)
         if not self.compiled:
             self.compile(batches)
         for b in batches[:-1]:
@@ -85,10 +101,12 @@ class Session:
         self.compiled = True
         release_freed_host_memory()
 
-    def first_cached_step(self, batches):
-        """The first step under the compile cache: its graphs compiled or loaded, checked, then run; a fresh
-        start also records (filling) or verifies (reusing) what the step did. See compile_cache."""
-        from ms_llm.train import compile_cache
+    def first_step(self, batches):
+        """The first step under the compile cache: its graphs compiled or loaded and their binding checked, then
+        run; a fresh start also records (filling) or verifies (reusing) what the step did (see compile_cache).
+        A reused entry that does not reproduce it is discarded, and the session reopens uncached — model,
+        optimizer and data from their initialisation — and takes the step again: only fresh starts are checked,
+        so nothing is lost. Every rank starts over, or none."""
         from ms_llm.train.context import release_freed_host_memory
 
         guard, self.cache = self.cache, None
@@ -97,42 +115,48 @@ class Session:
         release_freed_host_memory()
         before = compile_cache.fingerprint(self.step_fn) if self.fresh_start else None
         out = self.train_step(batches)
-        if before is not None:
-            outputs = [x.asnumpy() for x in out]
-            seen = guard.first_step_record(outputs, before, compile_cache.fingerprint(self.step_fn))
-            error = None
-            try:
-                guard.check_first_step(seen)
-            except compile_cache.CacheMismatch as e:
-                error = e
-            if not all_ranks_ok(self.rt, error is None):  # every rank starts over, or none
-                raise error or compile_cache.CacheMismatch("another rank's compile cache entry did not reproduce "
-                                                           "its first step; starting again with a fresh compile")
-        return out
+        if before is None:
+            return out
+        seen = guard.first_step_record([x.asnumpy() for x in out], before, compile_cache.fingerprint(self.step_fn))
+        error = None
+        try:
+            guard.check_first_step(seen)
+        except compile_cache.CacheMismatch as e:
+            error = e
+        if all_ranks_ok(self.rt, error is None):
+            return out
+        self.log(f"warning: {error}" if error else "warning: another rank's compile cache entry did not reproduce "
+                                                   "its first step; starting again with a fresh compile")
+        self.reopen_uncached()
+        return self.train_step(batches)
+
+    def reopen_uncached(self):
+        """Rebuild this session from its resolved config with the compile cache off, in place, so that whoever
+        holds the session (the trainer's hooks, a driver's loop) keeps using it. The data stream stays where the
+        caller had taken it: the step is retaken on the same batches, whoever chose them."""
+        fresh = build_session(self.resolved, self.rt, self.log, self.manifest, self.purpose, use_compile_cache=False)
+        fresh.fresh_start = self.fresh_start
+        fresh.data.seek(self.data.consumed)
+        for f in fields(self):
+            setattr(self, f.name, getattr(fresh, f.name))
 
 
-def open_session(cfg, echo=print, purpose="train", rt=None, layout=None, strategy_dir=None, compile_cache=None):
-    """Check, then build. `rt`: an already set-up runtime; `layout`: (config, ParallelPlan) from
-    `ms_llm.parallel.layout.resolve_layout` when the caller resolved it already; `strategy_dir`: where semi-auto
-    parallel writes its strategy files; `compile_cache=False` overrides the config's switch."""
-    from ms_llm.parallel.layout import resolve_layout
-
-    if layout is None:  # refused before the rendezvous: every rank of a launch refuses at once
-        layout = resolve_layout(cfg, launch_world_size(), rt.device_target if rt else select_device(cfg.context))
-    cfg, plan = layout
-    rt = rt or setup_context(cfg.context)
+def open_session(cfg, echo=print, purpose="train", rt=None, strategy_dir=None, use_compile_cache=True):
+    """Check, resolve, then build. `rt`: an already set-up runtime (the caller then ran `check_launch` before
+    setting it up); `strategy_dir`: where semi-auto parallel writes its strategy files; `use_compile_cache=False`
+    overrides the config's switch."""
+    if rt is None:  # refused before the rendezvous: every rank of a launch refuses at once
+        check_launch(cfg, launch_world_size(), select_device(cfg.context))
+        rt = setup_context(cfg.context)
     # the trainer's RunLog prefixes other ranks' lines itself; a plain print gets the prefix here
     log = echo if rt.is_main or echo is not print else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
     manifest = prepare_dataset(cfg, rt, log)
-    if cfg.model.vocab_size is None:  # now known: the layout's vocabulary rule can run
-        from ms_llm.parallel.layout import build_plan
+    resolved = resolve(cfg, rt.world_size, rt.device_target, manifest, strategy_dir)
+    return build_session(resolved, rt, log, manifest, purpose, use_compile_cache)
 
-        cfg = check_against_dataset(cfg, manifest, cfg.data.dataset_dir)
-        plan = build_plan(cfg, plan.devices)
-    cfg = check_against_dataset(cfg, manifest, cfg.data.dataset_dir)
-    if strategy_dir and cfg.checkpoint.strategy_dir != strategy_dir:
-        cfg = replace(cfg, checkpoint=replace(cfg.checkpoint, strategy_dir=strategy_dir))
 
+def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
+    """The session of a resolved config: model, optimizer, compiled step, data readers."""
     import mindspore as ms
     from model_zoo import build_model, count_params
     from ms_llm.nn import backend as nn_backend
@@ -142,68 +166,69 @@ def open_session(cfg, echo=print, purpose="train", rt=None, layout=None, strateg
     from ms_llm.train.optimizer import AdamW
     from ms_llm.train.step import TrainStep
 
+    cfg, parallel = resolved.cfg, resolved.parallel
     t, m = cfg.train, cfg.model
-    backend = nn_backend.for_device(rt.device_target, cfg.context.cpu_kernels, layer_reuse=plan.pp == 1)
+    backend = nn_backend.for_device(rt.device_target, cfg.context.cpu_kernels, layer_reuse=parallel.pp == 1)
     if rt.device_target == "CPU" and cfg.context.cpu_kernels and not backend.cpu_kernels:
         log(f"note: fused CPU kernels unavailable ({cpu_kernels.build_error()}); using plain MindSpore ops")
     cache = None
-    if cfg.context.compile_cache and compile_cache is not False and cfg.context.mode == "graph":
-        from ms_llm.train import compile_cache as cc
-
-        why_not = cc.unusable_reason()
+    if cfg.context.compile_cache and use_compile_cache and cfg.context.mode == "graph":
+        why_not = compile_cache.unusable_reason()
         if why_not:  # (select_device switched MindSpore's cache off already)
             log(f"note: compile cache off: {why_not}")
         else:
-            cache = cc.enable(cfg, rt, purpose)
+            cache = compile_cache.enable(cfg, rt, purpose)
             log(f"compile cache: {'reusing' if cache.hit else 'filling'} {cache.path}")
     ms.set_seed(t.seed)
     np.random.seed(t.seed)
-    semi_auto = plan.semi_auto
+    semi_auto = parallel.semi_auto
     if semi_auto:
         from ms_llm.parallel.apply import configure_auto_parallel
 
-        configure_auto_parallel(plan, cfg.checkpoint.strategy_dir or "strategy", rt.rank)
+        configure_auto_parallel(parallel, cfg.checkpoint.strategy_dir or "strategy", rt.rank)
     model = build_model(m, cfg.precision.compute_dtype, backend)
-    apply_plan(model, plan, semi_auto, log)
+    apply_plan(model, parallel, semi_auto, log)
     optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    micro_batch, accum = t.micro_batch_size, plan.accumulation
-    if plan.pp > 1:  # one call per step: the pipeline takes all micro-batches at once and slices them itself
-        step_fn = pipeline_step(model, optimizer, cfg, plan, backend)
+    micro_batch, accum = t.micro_batch_size, parallel.accumulation
+    if parallel.pp > 1:  # one call per step: the pipeline takes all micro-batches at once and slices them itself
+        step_fn = pipeline_step(model, optimizer, cfg, parallel, backend)
         micro_batch, accum = t.micro_batch_size * accum, 1
     else:  # under semi-auto parallel MindSpore inserts the data-parallel gradient reduction itself
         step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, 1 if semi_auto else rt.world_size,
-                            lr_table(t), t.anomaly, backend, loss_chunk(cfg, plan, log))
+                            lr_table(t), t.anomaly, backend, loss_chunk(cfg, parallel, log))
     model.set_train(True)
-    dp, data_rank = plan.dp, plan.data_rank(rt.rank)
+    dp, data_rank = parallel.dp, parallel.data_rank(rt.rank)
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", micro_batch, dp, data_rank, t.seed,
                         m.seq_length, num_workers=cfg.data.num_workers)
     val = []
-    if plan.pp == 1:
+    if parallel.pp == 1:
         val = eval_batches(cfg.data.dataset_dir, manifest, t.micro_batch_size, t.eval_steps, dp, data_rank,
                            m.seq_length, cfg.data.num_workers, accum)
     elif t.eval_interval or t.eval_steps:
         log("note: no validation during training under pipeline parallelism (a forward-only pipeline is a "
             "different graph); evaluate the checkpoint with pipeline_stage: 1")
     n_params = count_params(model)
-    s = Session(cfg, rt, log, manifest, plan, accum, model, step_fn, EvalStep(model, loss_chunk(cfg, plan), backend), data, val, n_params,
-                flops_per_token(count_params(model, exclude_positions=True), m.num_layers, m.hidden_size, m.seq_length),
+    flops = flops_per_token(count_params(model, exclude_positions=True), m.num_layers,
+                            m.num_heads * head_dim(m), m.seq_length)  # attention: heads × head_dim wide
+    s = Session(resolved, rt, log, manifest, purpose, accum, model, step_fn,
+                EvalStep(model, loss_chunk(cfg, parallel), backend), data, val, n_params, flops,
                 peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, cache)
     log(f"model: {m.arch}, {n_params:,} parameters ({m.num_layers} layers, hidden {m.hidden_size}, {m.num_heads} heads, "
         f"seq {m.seq_length}, vocab {m.vocab_size}); compute dtype {cfg.precision.compute_dtype}")
     if t.warmup_steps >= t.max_steps:
         log(f"note: train.warmup_steps = {t.warmup_steps} >= train.max_steps = {t.max_steps}: the learning rate "
             f"never reaches train.lr = {t.lr} in this run")
-    what = "pipeline micro-batches" if plan.pp > 1 else "accumulation"
-    log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × {what} {plan.accumulation} × data-parallel {dp}; "
-        f"{s.tokens_per_step:,} tokens/step; device {rt.device_target}, {rt.world_size} rank(s)")
+    what = "pipeline micro-batches" if parallel.pp > 1 else "accumulation"
+    log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × {what} {parallel.accumulation} × "
+        f"data-parallel {dp}; {s.tokens_per_step:,} tokens/step; device {rt.device_target}, {rt.world_size} rank(s)")
     return s
 
 
-def loss_chunk(cfg, plan, log=None):
+def loss_chunk(cfg, parallel, log=None):
     """train.loss_chunk_tokens where the chunked loss applies: not under semi-auto parallel, whose strategies shard
     the LM head's own matmul (the chunked loss has its own, unsharded), nor on pipeline stages."""
     chunk = cfg.train.loss_chunk_tokens
-    if chunk and plan.semi_auto:
+    if chunk and parallel.semi_auto:
         if log:
             log(f"note: train.loss_chunk_tokens = {chunk} is not used under semi-auto parallel (the layout shards the "
                 f"LM head's matmul); the loss takes the whole logits")
@@ -211,7 +236,7 @@ def loss_chunk(cfg, plan, log=None):
     return chunk
 
 
-def pipeline_step(model, optimizer, cfg, plan, backend):
+def pipeline_step(model, optimizer, cfg, parallel, backend):
     """The pipelined step: MindSpore's Pipeline wrapper and PipelineGradReducer (Ascend), the loss on the last
     stage, the per-micro-batch loss compiled once (lazy_inline) where the backend supports it."""
     from mindspore.parallel.nn import PipelineGradReducer
@@ -221,21 +246,21 @@ def pipeline_step(model, optimizer, cfg, plan, backend):
     from ms_llm.train.step import PipelineTrainStep
 
     t = cfg.train
-    reducer = PipelineGradReducer(optimizer.params, opt_shard=plan.optimizer_shard)
-    step = PipelineTrainStep(model, optimizer, cfg.precision, t.clip_grad, plan.micro_batch_num, lr_table(t),
+    reducer = PipelineGradReducer(optimizer.params, opt_shard=parallel.optimizer_shard)
+    step = PipelineTrainStep(model, optimizer, cfg.precision, t.clip_grad, parallel.micro_batch_num, lr_table(t),
                              t.anomaly, reducer=reducer, reuse=backend.ascend)
-    assign_stages(model, plan, loss=step.loss_cell)
+    assign_stages(model, parallel, loss=step.loss_cell)
     return step
 
 
-def apply_plan(model, plan, semi_auto, log):
+def apply_plan(model, parallel, semi_auto, log):
     from ms_llm.parallel.apply import apply_recompute, shard_model
 
     if semi_auto:  # pipeline stages are assigned with the pipelined step, which owns the loss cell
-        applied = shard_model(model, plan)
-        log(f"parallel: {len(applied)} primitives sharded; " + plan.table().splitlines()[0])
-    apply_recompute(model, plan)
-    for w in plan.warnings:
+        applied = shard_model(model, parallel)
+        log(f"parallel: {len(applied)} primitives sharded; " + parallel.table().splitlines()[0])
+    apply_recompute(model, parallel)
+    for w in parallel.warnings:
         log(f"warning: {w}")
 
 

@@ -14,7 +14,7 @@ from ms_llm.config import save_config
 from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
-from ms_llm.parallel.layout import resolve_layout
+from ms_llm.parallel.layout import uses_semi_auto
 from ms_llm.train import compile_cache
 from ms_llm.rundir import writer as rd
 from ms_llm.train.context import all_ranks_ok, launch_world_size, select_device, setup_context
@@ -26,68 +26,72 @@ from ms_llm.train.preemption import Preemption
 from ms_llm.train.resume import keep_metrics_until, load_initial_weights, resume_from
 from ms_llm.train.run_log import RunLog
 from ms_llm.train.run_plan import plan_run
+from ms_llm.train.resolve import check_launch
 from ms_llm.train.session import open_session
 from ms_llm.train.skipped_steps import RunHalted, SkippedSteps
 
 
 def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_only=False, hooks=()):
     """Train as `cfg` says (resuming `run_dir` when asked). Returns a summary dict on every rank."""
-    # The layout is checked before this process joins the others: a config the launch cannot run is refused
-    # by every rank at once (and by msrun's scheduler process), before any of them waits for another.
-    layout = resolve_layout(cfg, launch_world_size(), select_device(cfg.context))
+    entered = time.time()  # the startup (setup, model, data) is accounted up to the start of training
+    # A config the launch cannot run is refused by every rank at once (and by msrun's scheduler process), before
+    # any of them waits for another.
+    check_launch(cfg, launch_world_size(), select_device(cfg.context))
     rt = setup_context(cfg.context)
     log = RunLog(echo, rt.rank)
-    plan = plan_run(layout[0], rt, layout[1], run_dir, resume, weights_only, config_path, log)
-    s = open_session(cfg, log, rt=rt, layout=layout, strategy_dir=plan.strategy_dir)
+    plan = plan_run(cfg, rt, uses_semi_auto(cfg.parallel_config), run_dir, resume, weights_only, config_path, log)
+    s = open_session(cfg, log, rt=rt, strategy_dir=plan.strategy_dir)  # from here on s.cfg: the config as run
     start, host = 0, {}
     if plan.resume:
         start, host = resume_from(s, plan.checkpoint, weights_only, log)
     elif plan.load_weights:
         load_initial_weights(s, plan.load_weights, log)
     s.fresh_start = plan.fresh_start
-    cfg, t = s.cfg, s.cfg.train  # the resolved config, as run
+    t = s.cfg.train
     if rt.is_main:
-        write_run_dir(plan, cfg, rt, start, s.manifest)
+        write_run_dir(plan, s.cfg, rt, start, s.manifest)
     log.open_files(plan.run_dir)
     log(f"run directory: {plan.run_dir}" + (f" (resuming at step {start})" if plan.resume else ""))
 
-    writer = MetricsWriter(plan.run_dir, rt.rank, t.max_steps, cfg.monitor, echo=log)
-    saver = CheckpointSaver(plan.run_dir, plan.ckpt_rank, cfg.checkpoint, log)
-    meter = IntervalMeter(s.tokens_per_step, s.flops_per_token, s.peak_flops, rt.world_size, start, t.max_steps)
+    writer = MetricsWriter(plan.run_dir, rt.rank, t.max_steps, s.cfg.monitor, echo=log)
+    saver = CheckpointSaver(plan.run_dir, plan.ckpt_rank, s.cfg.checkpoint, log)
+    meter = IntervalMeter(s.tokens_per_step, s.flops_per_token, s.peak_flops, rt.world_size, start, t.max_steps,
+                          t_start=writer.t_start)
     meter.restore(host)
-    skips = SkippedSteps(cfg.precision)
+    meter.startup_s = max(0.0, writer.t_start - entered)
+    skips = SkippedSteps(s.cfg.precision)
     skips.resume(float(s.step_fn.state.loss_scale.asnumpy()))
     trun = TrainingRun(s, plan.run_dir, writer, log, plan.ckpt_rank)
     if plan.resume:
         writer.write({"step": start, "event": "resume", "from": plan.checkpoint[0]})
-    log.start_progress(t.max_steps, start, cfg.monitor.progress_bar)
+    log.start_progress(t.max_steps, start, s.cfg.monitor.progress_bar)
     call(hooks, "start", trun)
     val_loss, stopped, finished = None, None, False
     try:
         with Preemption(log) as preemption:
             for step in range(start, t.max_steps):
                 with meter.waiting():
-                    batches = next_batches(trun.session, step)
-                call(hooks, "before_step", trun, step, batches)
-                out = first_step(trun, meter, batches, layout, plan) if meter.compile_s is None else \
-                    trun.session.train_step(batches)
-                s, done = trun.session, step + 1
+                    batches = next_batches(s, step)
+                call(hooks, "before_step", trun, step, batches, times=meter.hook_s)
+                out = first_step(trun, meter, batches, fresh=step == 0) if meter.compile_s is None else \
+                    s.train_step(batches)
+                done = step + 1
                 meter.add(out, timed=done - start > 1)
                 skips.add(done, out)
                 saver.check()  # a background save that failed stops the run here
-                call(hooks, "after_step", trun, step, out, batches)
+                call(hooks, "after_step", trun, step, out, batches, times=meter.hook_s)
                 if done % min(t.log_interval, 8) == 0 or done == t.max_steps:  # a host sync every few steps
                     halt_if_stuck(skips, done, trun, saver, meter)
                 if done % t.log_interval == 0 or done == t.max_steps:
                     lr = lr_at(step, t) * float(s.step_fn.state.lr_scale.asnumpy())  # lowered by rollbacks
                     record = meter.record(done, lr, memory_gib(rt.device_target))
                     writer.write(record)
-                    call(hooks, "after_log", trun, record)
+                    call(hooks, "after_log", trun, record, times=meter.hook_s)
                 with meter.paused():
                     if t.eval_interval and done % t.eval_interval == 0 and done != t.max_steps:
                         val_loss = run_eval(trun, done, hooks)
                     stop = preemption_agreed(rt, preemption) or done == t.stop_at_step
-                    if stop or (cfg.checkpoint.save_interval and done % cfg.checkpoint.save_interval == 0
+                    if stop or (s.cfg.checkpoint.save_interval and done % s.cfg.checkpoint.save_interval == 0
                                 and done != t.max_steps):
                         save(trun, saver, done, meter)
                 log.progress(done, t.max_steps, step_s=meter.step_s())
@@ -140,6 +144,7 @@ def write_run_dir(plan, cfg, rt, start, manifest):
     info = os.path.join(plan.run_dir, "run_info.json")
     if not os.path.isfile(info):
         dataset = {"dir": os.path.abspath(cfg.data.dataset_dir), "stats": manifest.get("stats"),
+                   "overlap": manifest.get("overlap"),
                    "train_samples": manifest.get("splits", {}).get("train", {}).get("samples")}
         rd.write_json(info, rd.run_info(rt, cfg, {"run_dir": os.path.abspath(plan.run_dir), "dataset": dataset}))
 
@@ -171,23 +176,16 @@ def finish(trun, summary, saver):
 
 # --- per-step helpers ------------------------------------------------------------------------------------
 
-def first_step(trun, meter, batches, layout, plan):
-    """The first step of this process compiles (or loads) the graphs: timed on its own. A reused graph that
-    does not reproduce the step it was cached from restarts the run from its initialisation, uncached (only a
-    fresh start checks this, so nothing is lost)."""
-    s, t0 = trun.session, time.perf_counter()
-    try:
-        out = s.train_step(batches)
-    except compile_cache.CacheMismatch as e:
-        trun.log(f"warning: {e}")
-        s = trun.session = open_session(s.cfg, trun.log, rt=s.rt, layout=layout, strategy_dir=plan.strategy_dir,
-                                        compile_cache=False)
-        s.fresh_start = plan.fresh_start
-        t0 = time.perf_counter()
-        out = s.train_step(s.next_batches())
-    out.loss.asnumpy()
-    meter.first_step(time.perf_counter() - t0)
-    trun.log(f"compiled the training step in {meter.compile_s:.1f} s")
+def first_step(trun, meter, batches, fresh):
+    """The first step of this process compiles (or loads) the step's graphs: timed on its own. (A compile cache
+    entry that fails its checks is handled by the session itself: Session.first_step.) On a fresh run its loss is
+    the loss before any update (the step computes it on the initial weights), kept as initial_loss."""
+    t0 = time.perf_counter()
+    out = trun.session.train_step(batches)
+    loss = float(out.loss.asnumpy())
+    meter.first_step(time.perf_counter() - t0, loss if fresh else None)
+    trun.log(f"compiled the training step in {meter.compile_s:.1f} s" + (f"; loss before any update {loss:.4f}"
+                                                                        if fresh else ""))
     return out
 
 
@@ -224,12 +222,14 @@ def save(trun, saver, step, meter):
     s = trun.session
     cfg = s.cfg
     strategy = os.path.join(cfg.checkpoint.strategy_dir or "", f"strategy_rank_{s.rt.rank}.ckpt")
-    if s.plan.semi_auto and os.path.isfile(strategy):  # the layout travels with the shards it describes
+    if s.parallel.semi_auto and os.path.isfile(strategy):  # the layout travels with the shards it describes
         os.makedirs(saver.directory, exist_ok=True)
         shutil.copy2(strategy, saver.directory)
-    if s.rt.is_main or s.plan.semi_auto:
+    if s.rt.is_main or s.parallel.semi_auto:
+        t0 = time.perf_counter()
         saver.save(step, ckpt_state.capture(s), ckpt_state.describe(s, step, meter.host_state()))
-        trun.writer.write({"step": step, "event": "checkpoint"}, echo=False)
+        trun.writer.write({"step": step, "event": "checkpoint", "duration_s": round(time.perf_counter() - t0, 4)},
+                          echo=False)
 
 
 def preemption_agreed(rt, preemption):
@@ -243,9 +243,11 @@ def run_eval(trun, step, hooks):
     s = trun.session
     if not s.val:  # no validation batches (pipeline parallelism)
         return None
+    t0 = time.perf_counter()
     val_loss = evaluate(s.model, s.eval_step, s.val, s.rt)
     trun.writer.write({"step": step, "val_loss": val_loss,
-                       "val_tokens": len(s.val) * int(s.val[0].shape[0]) * s.cfg.model.seq_length * s.rt.world_size})
+                       "val_tokens": len(s.val) * int(s.val[0].shape[0]) * s.cfg.model.seq_length * s.rt.world_size,
+                       "duration_s": round(time.perf_counter() - t0, 4)})
     call(hooks, "after_eval", trun, step, val_loss)
     return val_loss
 
@@ -270,7 +272,7 @@ def dry_run(cfg, echo=print):
     On an Ascend host with `MS_SIMULATION_LEVEL=1` (msrun --sim_level=1) this compiles the sharded graph of
     one rank without touching a device: the way to verify a layout before queueing a cluster job."""
     s = open_session(cfg, echo, purpose="dry_run")
-    s.log(s.plan.table())
+    s.log(s.parallel.table())
     batch = next(s.data)
     t0 = time.perf_counter()
     if s.cache is not None:

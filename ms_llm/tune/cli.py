@@ -1,5 +1,6 @@
-"""`ms-llm sweep` (registered by `add_parsers(sub)` from ms_llm/cli.py) and `ms-llm debug lr-find`
-(registered under the debug tools by `add_lr_find_parser(dsub)` from ms_llm/debug/cli.py)."""
+"""`ms-llm sweep` (registered by `add_parsers(sub)` from ms_llm/cli.py), `ms-llm debug lr-find` and
+`ms-llm debug ladder` (registered under the debug tools by `add_lr_find_parser(dsub)` and `add_ladder_parser(dsub)`
+from ms_llm/debug/cli.py)."""
 import sys
 
 from ms_llm.errors import UserError
@@ -31,6 +32,12 @@ def cmd_lr_find(args):
 
     lr_find(args.config, args.overrides, args.steps, args.start_lr, args.end_lr, args.output_dir)
     return 0
+
+
+def cmd_ladder(args):
+    from ms_llm.tune.ladder import ladder
+
+    return ladder(args.config, args.steps, args.rtol, args.ladder_dir, args.print_commands)
 
 
 def add_parsers(sub):
@@ -81,3 +88,18 @@ def add_lr_find_parser(dsub):
     q.add_argument("--output-dir", help="where the test writes (default: runs/lr_find-<config>-<time>); never a run's "
                                         "own directory")
     q.set_defaults(func=cmd_lr_find)
+
+
+def add_ladder_parser(dsub):
+    q = dsub.add_parser("ladder", help="plain first, then the target's optimisations one at a time: each rung an "
+                                       "ordinary run, judged against the rung before (exact / within noise / PARTS)")
+    q.add_argument("--config", required=True, help="the target config: the optimised setup to check")
+    q.add_argument("--steps", type=int, default=100, help="optimizer steps per rung (default 100), logged every step")
+    q.add_argument("--rtol", type=float, default=0.0,
+                   help="widen the noise tolerance to band(t) + RTOL x |loss| (default 0: the seed-to-seed band "
+                        "alone)")
+    q.add_argument("--ladder-dir", help="where the rungs go (default: runs/ladder-<config>); the same command with "
+                                        "the same --ladder-dir resumes an interrupted ladder")
+    q.add_argument("--print-commands", action="store_true",
+                   help="print every rung's training command (msrun for multi-rank rungs) instead of running them")
+    q.set_defaults(func=cmd_ladder)

@@ -23,9 +23,10 @@ from ms_llm.fileio import atomic_write_bytes
 
 # The suggestion: the LR at the lowest smoothed loss, Smith's reading of his range test for a schedule that warms up
 # to its peak (the edge where the loss stops falling). Chosen among five standard readings by a calibration set up
-# before it was run (README, "lr-find"): on three models its worst miss of the 300-step sweeps' best LR was 2.0x;
-# fastai's max(steepest, min/10), used before, missed by 4.8x, 3.7x and 19.6x (its steepest-descent reading is taken
-# from the first, noisy fall of the loss and sits a decade or more below what a warmed-up run can use).
+# before it was run (docs/tuning.md, the LR range test): on three models its worst miss of the 300-step sweeps' best
+# LR was 2.0x; fastai's max(steepest, min/10), used before, missed by 4.8x, 3.7x and 19.6x (its steepest-descent
+# reading is taken from the first, noisy fall of the loss and sits a decade or more below what a warmed-up run can
+# use).
 RULE = ("suggested peak LR = the LR at the lowest smoothed loss (centered moving average); diverged = the "
         f"trailing median of {SMOOTH} steps above best + max({DIVERGE_ABS}, {DIVERGE_REL:.0%} of best) for "
         f"{DIVERGE_SUSTAIN} steps in a row (ms-llm diagnose's divergence thresholds), or a non-finite loss")

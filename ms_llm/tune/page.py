@@ -3,7 +3,9 @@ Builder's panel dicts, static/report.js drawing them with the inlined BokehJS), 
 
 - sweep_report.html: the results table and the one-at-a-time order, the metric against each varied key, and
   every trial's curves overlaid (the same panels `ms-llm report` draws for several runs);
-- lr_find.html: the range test's loss against the learning rate.
+- lr_find.html: the range test's loss against the learning rate;
+- ladder.html: the ladder's table, every rung's curves overlaid, and each rung's difference to the rung before
+  against the seed-to-seed band.
 """
 import math
 import os
@@ -130,3 +132,108 @@ def write_lr_find_page(result, points, path):
                          {"x_label": "learning rate", "panels": [p], "events": builder.event_lines()})
     atomic_write_bytes(path, html.encode("utf-8"))
     return path
+
+
+def write_ladder_page(doc, path):
+    """The ladder's table and notes, every rung's curves overlaid (the report's panels), and the differences to
+    the rung before against the seed-to-seed band (ladder_difference_panels)."""
+    from ms_llm.report import page
+    from ms_llm.report.data import load_runs
+    from ms_llm.report.payload import Builder
+    from ms_llm.report.report import config_section, differences_section
+
+    rungs = [r for r in doc["rungs"] if r["status"] in ("finished", "halted")
+             and os.path.isfile(os.path.join(r["run_dir"], "metrics.jsonl"))]
+    runs = load_runs([r["run_dir"] for r in rungs]) if rungs else []
+    builder = Builder(runs, "step")
+    panels = [p for p in (builder.build() if runs else []) if p["section"] == "curves"]
+    panels += ladder_difference_panels(builder, doc)
+    grid = "".join(page.panel_html(p["id"], p["title"], wide=p["id"].startswith("ladder_")) for p in panels)
+    notes = "".join(f'<p class="note">{page.esc(n)}</p>' for n in builder.notes)
+    sections = {"summary": ladder_summary_html(doc, page), "curves": f'<div class="grid">{grid}</div>{notes}',
+                "differences": differences_section(runs) if len(runs) > 1 else None,
+                "config": config_section(runs) if runs else None}
+    payload = {"x_label": "step", "panels": panels, "events": builder.event_lines()}
+    ident = doc["identity"]
+    html = page.document(f"ms_llm ladder: {os.path.basename(ident['config'])}",
+                         f"{len(doc['rungs']) - 2} option rung(s) after plain, {ident['steps']} steps each, "
+                         f"state {doc['state']}", sections, payload)
+    atomic_write_bytes(path, html.encode("utf-8"))
+    return path
+
+
+def ladder_difference_panels(builder, doc):
+    """Each rung's difference to the rung before against the seed-to-seed band: |Δloss| per step (log axis), the
+    trailing mean of Δloss (the trend the band's second envelope bounds), and |Δ grad norm| (log axis)."""
+    from ms_llm.rundir.reader import read_jsonl
+    from ms_llm.tune.ladder_verdict import Curves, gaps, trailing_means
+
+    def curves(r):
+        if r["status"] not in ("finished", "halted"):
+            return None
+        return Curves.from_records(read_jsonl(os.path.join(r["run_dir"], "metrics.jsonl"))[0])
+
+    chain = [doc["rungs"][0]] + doc["rungs"][2:]
+    band = doc.get("band") or {}
+    n = band.get("trend_steps") or 10
+    log_p = builder.panel("curves", "ladder_absdiff", "|Δloss| against the rung before, per step (log axis; a rung "
+                          "identical to the one before has no points; dashed black: the per-step seed band)",
+                          value_label="|Δloss|", y_log=True, x_label="step", x_format="@x",
+                          legend_location="bottom_right")
+    trend = builder.panel("curves", "ladder_trend", f"mean Δloss over the last {n} steps, rung − rung before "
+                          f"(dashed black: ± the trend seed band)", value_label=f"{n}-step mean Δloss",
+                          hlines=[0.0], x_label="step", x_format="@x")
+    grad = builder.panel("curves", "ladder_graddiff", "|Δ grad norm| against the rung before (log axis)",
+                         value_label="|Δ grad norm|", y_log=True, x_label="step", x_format="@x")
+    for p in (log_p, trend, grad):
+        p["y_format"] = "@y{0.000e}"
+    for i in range(1, len(chain)):
+        before, now = chain[i - 1], chain[i]
+        a, b = curves(before), curves(now)
+        if not (a and b):
+            continue
+        d = gaps(b.loss, a.loss)
+        steps = [s for s, _ in d]
+        g = [abs(b.grad_norm.get(s, math.nan) - a.grad_norm.get(s, math.nan)) for s in steps]
+        label = f"{now['dir']} − {before['dir']}"
+        # markers: a difference at isolated steps (zero, hence no point, around them) is no line
+        builder.series(log_p, i, steps, [abs(x) if x else math.nan for _, x in d], label, markers=True)
+        builder.series(trend, i, steps, [m for _, m in trailing_means(d, n)], label)
+        builder.series(grad, i, steps, [x if x else math.nan for x in g], label, markers=True)
+    if band.get("steps"):
+        xs = band["steps"]
+        per_step = [v if isinstance(v, (int, float)) else math.nan for v in band["values"]]
+        trend_band = [v if isinstance(v, (int, float)) else math.nan for v in band["trend_values"]]
+        builder.series(log_p, 0, xs, [y if y else math.nan for y in per_step], "per-step seed band", dash="dashed")
+        builder.series(trend, 0, xs, trend_band, "+ trend seed band", dash="dashed")
+        builder.series(trend, 0, xs, [-y for y in trend_band], "− trend seed band", dash="dashed")
+        for s in [log_p["series"][-1]] + trend["series"][-2:]:
+            s["color"] = "#000000"
+    return [p for p in (log_p, trend, grad) if p["series"]]
+
+
+def ladder_summary_html(doc, page):
+    from ms_llm.tune.ladder_output import summary_lines, verdict_text
+
+    rows = []
+    for r in doc["rungs"]:
+        v = r.get("verdict") or {}
+        rows.append(["seed" if r["index"] < 0 else r["index"], r["name"], r["label"], r.get("expect"), verdict_text(r),
+                     v.get("max_abs"), v.get("max_rel"), v.get("first_diff"), v.get("first_part"),
+                     f"{r['tokens_per_s']:,.0f}" if r.get("tokens_per_s") else None,
+                     f"x{r['speedup']:.2f}" if r.get("speedup") else None,
+                     round(r["peak_mem_gib"], 3) if isinstance(r.get("peak_mem_gib"), float) else None, r.get("batch"),
+                     duration(r.get("wall_s")), r.get("reason") or r.get("error") or v.get("reason"), r["run_dir"]])
+    head = ["#", "rung", "option added", "expected", "verdict", "max |Δloss|", "max rel", "first diff",
+            "first parting", "tokens/s", "speed-up", "peak mem GiB", "batch", "wall", "why", "run directory"]
+    out = [page.table(head, rows, numeric=(5, 6, 7, 8, 9, 10, 11))]
+    band = doc.get("band") or {}
+    if band.get("definition"):
+        out.append(f'<p class="note">noise band: {page.esc(band["definition"])}; a rung expected to move the '
+                   f'numbers is within noise while, at every step, |Δloss(t)| <= per-step band(t) and |mean Δloss '
+                   f'over the last {band.get("trend_steps")} steps| <= trend band(t) (each + rtol x |loss(t)|, rtol '
+                   f'{doc["rtol"]:g}); one that must not change them is exact only when every logged loss and grad '
+                   f'norm is bit-identical (docs/ladder.md).</p>')
+    out += [f'<p class="note">{page.esc(line)}</p>' for line in summary_lines(doc)]
+    out += [f'<p class="note">note: {page.esc(n)}</p>' for n in doc.get("notes") or []]
+    return "".join(out)

@@ -12,7 +12,7 @@ import os
 import shlex
 
 from ms_llm.errors import UserError
-from ms_llm.tune import output, rules
+from ms_llm.tune import folder_lock, output, rules
 from ms_llm.tune.results import ranked
 from ms_llm.tune.runner import Runner, SweepInterrupted
 from ms_llm.tune.space import Spec
@@ -57,36 +57,16 @@ def open_sweep_dir(spec, sweep_dir, echo):
     return None
 
 
-def take_lock(sweep_dir):
-    path = os.path.join(sweep_dir, LOCK)
-    try:
-        with open(path, encoding="utf-8") as f:
-            pid = int(f.read().strip() or 0)
-    except (OSError, ValueError):
-        pid = 0
-    if pid and pid != os.getpid() and alive(pid):
-        raise UserError(f"--sweep-dir {sweep_dir} is being run by process {pid} (see {path}). Wait for it, or stop it "
-                        f"(its trials save a checkpoint) and run this command again to resume.")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(str(os.getpid()))
-
-
-def alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def run_sweep(spec, sweep_dir, parallel, echo=print, argv=None):
     """Run the sweep; returns the exit code (0 done, 130 interrupted: run the same command to resume)."""
     if parallel < 1:
         raise UserError(f"--parallel {parallel} must be at least 1 (trials at once).")
     open_sweep_dir(spec, sweep_dir, echo)
-    take_lock(sweep_dir)
+    with folder_lock.held(sweep_dir, LOCK, "--sweep-dir", "its trials save a checkpoint"):
+        return sweep(spec, sweep_dir, parallel, echo, argv)
+
+
+def sweep(spec, sweep_dir, parallel, echo, argv):
     warnings = rules.plan_warnings(spec)
     for w in warnings:
         echo(f"guide check: {w}")
@@ -107,18 +87,9 @@ def run_sweep(spec, sweep_dir, parallel, echo=print, argv=None):
         output.write_sweep_json(path, output.sweep_document(spec, "interrupted", records, [], None, warnings, None))
         echo(f"sweep interrupted: {sum(r['status'] == 'finished' for r in records)} trial(s) finished; stopped trials "
              f"saved a checkpoint. Resume with:\n  {resume_command(argv, sweep_dir)}")
-        release(sweep_dir)
         return 130
     finish(spec, sweep_dir, list(runner.records.values()), best, order, warnings, echo)
-    release(sweep_dir)
     return 0
-
-
-def release(sweep_dir):
-    try:
-        os.remove(os.path.join(sweep_dir, LOCK))
-    except OSError:
-        pass
 
 
 def resume_command(argv, sweep_dir):

@@ -1,55 +1,38 @@
 """Clean runs must raise no alarm: `ms-llm diagnose` gives no finding of severity warning or error (notes are
 allowed: host contention on a shared machine is reported as one). Six runs, each a different way a healthy run
-looks: 300 steps with every monitor on (NaN check, tensor statistics, anomaly guard), Llama, float16, 2 ranks
-under msrun, stopped and resumed, and profiled (its slower window must not read as uneven throughput).
+looks: 220 steps with every monitor on (NaN check, tensor statistics, anomaly guard), Llama, float16, 2 ranks
+under msrun, stopped and resumed, and profiled (its slower window must not read as uneven throughput). The runs are
+the session's (conftest.clean_runs, conftest.msrun_accum2): other tests read them too.
 
 The resumed and the profiled run have the same training config, so they are each other's siblings; fault (t) is
 a code change run with that config next to them, which must come out behind them.
 """
-import os
-import shutil
 
 import pytest
 
+from conftest import CLEAN_KINDS
 from faultkit import alarms, diagnose, finding_text, first_cause, sets, tiny_cfg, train
 
-BASE = sets("train.max_steps=200", "train.eval_interval=50")
-NAMES = ["gpt2_300_monitors", "llama", "fp16", "msrun_2ranks", "resumed", "profiled"]
+BASE = sets("train.max_steps=200", "train.eval_interval=50")  # the resumed and profiled runs' config (conftest)
 
 
-@pytest.fixture(scope="module")
-def clean(dataset, tmp_path_factory):
-    from ms_llm.train.trainer import run as run_training
-
-    root = tmp_path_factory.mktemp("clean_runs")
-    runs = {name: root / name for name in NAMES}
-    train(tiny_cfg(dataset, *sets("train.max_steps=300", "train.eval_interval=100", "monitor.nan_check=true",
-                                  "monitor.tensor_stats.every=100", "train.anomaly=true")), runs["gpt2_300_monitors"])
-    train(tiny_cfg(dataset, *BASE, *sets("model.arch=llama")), runs["llama"])
-    train(tiny_cfg(dataset, *sets("train.max_steps=100", "train.eval_interval=50",
-                                  "precision.compute_dtype=float16")), runs["fp16"])
-    train(tiny_cfg(dataset, *BASE, *sets("train.stop_at_step=100")), runs["resumed"])
-    cfg = tiny_cfg(dataset, *BASE)
-    run_training(cfg, run_dir=str(runs["resumed"]), resume=True, echo=lambda *a: None)
-    train(tiny_cfg(dataset, *BASE, *sets("monitor.profile.start_step=20", "monitor.profile.stop_step=30")),
-          runs["profiled"])
-    if shutil.which("msrun"):
-        from test_distributed import msrun_train
-
-        msrun_train(dataset, runs["msrun_2ranks"], root / "msrun_2ranks_logs",
-                    *sets("train.micro_batch_size=4", "train.max_steps=100", "train.eval_interval=50",
-                          "monitor.report=false"))
+@pytest.fixture
+def clean(clean_runs, request):
+    """{kind: run dir}; the 2-rank run (a serial test's) only when asked for."""
+    runs = dict(clean_runs)
+    if "msrun_2ranks" in request.node.name:
+        runs["msrun_2ranks"] = request.getfixturevalue("msrun_accum2")[0]
     return runs
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.slow
+@pytest.mark.parametrize("name", [pytest.param(k, marks=pytest.mark.serial) if k == "msrun_2ranks" else k
+                                  for k in CLEAN_KINDS])
 def test_a_clean_run_raises_no_alarm(clean, name):
-    if not os.path.isdir(clean[name]):
-        pytest.skip("msrun not installed")
     found = diagnose(clean[name])
     assert not alarms(found), f"{name}: {finding_text(alarms(found))}"
     assert not (clean[name] / "nan").exists()
-    if name == "gpt2_300_monitors":
+    if name == "gpt2_monitors":
         assert not [l for l in open(clean[name] / "stats.jsonl") if '"flag"' in l]
     if name == "profiled":
         text = (clean[name] / "metrics.jsonl").read_text()
@@ -58,6 +41,7 @@ def test_a_clean_run_raises_no_alarm(clean, name):
         assert '"event": "resume"' in (clean[name] / "metrics.jsonl").read_text()
 
 
+@pytest.mark.slow
 def test_t_a_code_change_leaves_a_run_behind_its_siblings(clean, dataset, monkeypatch):
     """The same config as the resumed and profiled runs, with the LM head's logits halved (a sampling temperature
     left in the training path): alone the run looks healthy (below the unigram entropy, falling), its siblings

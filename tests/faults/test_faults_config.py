@@ -11,6 +11,8 @@ import pytest
 
 from faultkit import alarms, diagnose, finding, first_cause, sets, tiny_cfg, train
 
+pytestmark = pytest.mark.slow  # every fault here is injected into a training run
+
 RUN = sets("train.max_steps=200", "train.eval_interval=100")
 
 

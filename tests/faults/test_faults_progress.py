@@ -13,6 +13,8 @@ import pytest
 from faultkit import alarms, diagnose, first_cause, sets, tiny_cfg, train
 from ms_llm.train.step import cross_entropy
 
+pytestmark = pytest.mark.slow  # every fault here is injected into a training run
+
 
 def test_i_learning_rate_too_low_is_named_not_clipping(dataset, tmp_path):
     train(tiny_cfg(dataset, *sets("train.lr=1e-5", "train.min_lr=1e-6", "train.max_steps=200",

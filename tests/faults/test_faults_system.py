@@ -11,6 +11,8 @@ import pytest
 
 from faultkit import diagnose, first_cause, sets, tiny_cfg, train
 
+pytestmark = pytest.mark.slow  # every fault here is injected into a training run
+
 
 def test_l_a_dead_relu_layer_is_a_dead_branch(dataset, tmp_path, monkeypatch):
     import mindspore as ms

@@ -8,6 +8,7 @@ from ms_llm.diagnose.common import (DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, E
     STUCK_VAL, UNIFORM_MARGIN, VAL_GAP_ABS, VAL_GAP_REL, ZERO_LOSS, cause, curve, early_median, first_nonfinite_step,
     g, lr_actions, nonfinite, points, quoted, steps_text)
 from ms_llm.diagnose.rules.schedule import UNSTABLE, causes_for
+from ms_llm.diagnose.start import judge_start
 
 # --- NaN / Inf --------------------------------------------------------------------------------------
 
@@ -71,6 +72,75 @@ def rule_nonfinite_val(run):
                      "check data.dataset_dir's manifest.json: vocab_size and tokenizer match the model"], bad[:1])]
 
 
+# --- the start -------------------------------------------------------------------------------------
+
+def initial_start(run):
+    """The judged loss before any update (ms_llm.diagnose.start), from the first log record's initial_loss; None
+    for runs that did not record it (before it was recorded, or resumed past it)."""
+    first = run.train[0] if run.train else {}
+    return judge_start(first.get("initial_loss"), run.cfg("model.vocab_size"),
+                       fresh=not run.cfg("checkpoint.load_weights"))
+
+
+def rule_start(run, found, _):
+    start = initial_start(run)
+    if start is None or start.verdict == "ok":
+        return None
+    pts = curve(run)
+    std, hidden = run.cfg("model.init_std"), run.cfg("model.hidden_size")
+    loaded = run.cfg("checkpoint.load_weights")
+    ev = [f"loss before any update (the first step, on the initial weights): {g(start.loss)} (initial_loss, "
+          f"metrics.jsonl); ln(vocab_size = {run.cfg('model.vocab_size')}) = {g(start.uniform)}"]
+    if pts:
+        low = min(pts, key=lambda p: p[1])
+        ev.append(f"then: {g(pts[0][1])} (mean of the first log interval, step {pts[0][0]}), lowest {g(low[1])} at "
+                  f"step {low[0]}, {g(pts[-1][1])} at step {pts[-1][0]}")
+    rd = quoted(run.path)
+    if start.verdict == "above":
+        # random logits of spread s give ln V + s^2/2; a normalised hidden state times a head of std init_std gives
+        # logits of spread about init_std x sqrt(hidden)
+        expected = std * math.sqrt(hidden) if std and hidden else None
+        ev.append(f"a loss of {g(start.loss)} means logits spread about {start.logit_spread:.1f} before training"
+                  + (f"; model.init_std = {g(std)} with hidden_size {hidden} gives about {expected:.2g} "
+                     f"(init_std x sqrt(hidden); GPT-2's 0.02 x sqrt(768) = 0.55)" if expected else ""))
+        ev.append(f"train.lr = {g(run.cfg('train.lr'))}: not the cause, no update had been applied yet")
+        init_explains = expected is not None and expected >= 0.5 * start.logit_spread
+        causes = [cause(f"the initialisation is too large: model.init_std = {g(std)} (the usual is 0.02) makes the "
+                        f"initial logits spread about {expected:.2g}", "high" if init_explains and not loaded else
+                        "medium") if expected else None,
+                  cause(f"the loaded weights do not fit this model (checkpoint.load_weights = {loaded}): a "
+                        f"conversion or naming mismatch", "high" if loaded and not init_explains else "medium")
+                  if loaded else None,
+                  cause("the output scale: something multiplies the logits (a head applied without the final norm, "
+                        "a logit scale, an untied head initialised like the embeddings)",
+                        "low" if init_explains else "medium")]
+        causes = [c for c in causes if c]
+        causes.sort(key=lambda c: ("[confidence: high]" not in c))
+        actions = [f"--set model.init_std=0.02 (now {g(std)})" if std and std > 0.02 else
+                   "check the output scale: the final norm before the LM head, any logit multiplier",
+                   f"ms-llm debug overfit --config {quoted(config_of(run))} (it judges its own first loss the same "
+                   f"way, on 32 samples)"]
+        symptom = (f"the loss started at {g(start.loss)}, {start.loss / start.uniform:.1f}x ln(vocab) = "
+                   f"{g(start.uniform)}, before any update: the initialisation or the output scale, not the optimizer")
+    else:
+        causes = [cause("the logged loss is not the mean token cross-entropy: divided by more than the tokens (e.g. by "
+                        "the accumulation steps twice) or summed over fewer positions", "medium"),
+                  cause("the weights were not fresh: a checkpoint loaded without checkpoint.load_weights saying so",
+                        "medium")]
+        actions = [f"ms-llm debug overfit --config {quoted(config_of(run))} (checks the optimised loss against an "
+                   f"independent next-token loss of the same logits)",
+                   f"ms-llm debug dump --run-dir {rd} --output {rd}/dumps/start"]
+        symptom = (f"the loss started at {g(start.loss)}, far below ln(vocab) = {g(start.uniform)}, before any update: "
+                   f"a fresh model cannot do better than a uniform guess")
+    return [Finding("bad_start", "error", symptom, ev, causes, actions, [0])]
+
+
+def config_of(run):
+    from ms_llm.fileio import run_config_path
+
+    return run_config_path(run.path)
+
+
 # --- divergence -------------------------------------------------------------------------------------
 
 def smoothed(pts):
@@ -97,13 +167,19 @@ def rule_divergence(run, found, _):
     # An interval mean well above that means the updates made it worse than uniform: overshooting.
     vocab = run.cfg("model.vocab_size")
     uniform = math.log(vocab) if vocab else None
-    above = [(st, v) for st, v in raw if uniform and v > UNIFORM_MARGIN * uniform]
+    start = initial_start(run)
+    # a loss that started above the uniform level (a bad start, rule_start) is above it from the start, not
+    # because of the updates: only a climb above where it started says the updates overshoot
+    line = max(UNIFORM_MARGIN * uniform, start.loss) if uniform and start and start.verdict == "above" else \
+        UNIFORM_MARGIN * uniform if uniform else None
+    above = [(st, v) for st, v in raw if line and v > line]
     if onset is None and not blowup and not above:
         return None
     ev = []
     if above:
         ev.append(f"loss {g(above[0][1])} at step {above[0][0]} is above ln(vocab) = {g(uniform)}, the loss of a "
-                  f"uniform prediction the model starts from: the first updates made it worse")
+                  f"uniform prediction the model starts from: the first updates made it worse"
+                  + (f" (the loss before any update was {g(start.loss)})" if start else ""))
     if onset is not None:
         peak = max((p for p in pts if p[0] >= onset), key=lambda p: p[1])
         ev.append(f"loss (median of {SMOOTH} records) fell to {g(best[1])} at step {best[0]}, then stayed above "
@@ -169,7 +245,7 @@ def rule_labels(run, found, _):
     half = (run.max_steps or math.inf) / 2
     first_eval = evals[0] if evals and evals[0][0] <= half else None
     train_at = [v for s, v in pts if first_eval and s <= first_eval[0]]
-    if first_eval and train_at:
+    if first_eval and train_at and not splits_differ(run):  # a measured shift is distribution_shift's to name
         gap = first_eval[1] - train_at[-1]
         if gap > max(VAL_GAP_ABS, VAL_GAP_REL * train_at[-1]):
             ev.append(f"first evaluation at step {first_eval[0]}: val_loss {g(first_eval[1])} vs training loss "
@@ -182,9 +258,12 @@ def rule_labels(run, found, _):
                                 "(data.dataset_dir)", "medium"))
     vocab = run.cfg("model.vocab_size")
     if len(evals) >= 2 and len(pts) >= MIN_RECORDS and vocab and not steps:
-        uniform, fell = math.log(vocab), (pts[0][1] - pts[-1][1]) / pts[0][1]
+        # a fall from above the uniform level (a bad start) is recovery, not learning: measured from ln V at most
+        uniform = math.log(vocab)
+        top = min(pts[0][1], uniform)
+        fell = (top - pts[-1][1]) / top
         if min(v for _, v in evals) > STUCK_VAL * uniform and fell > STUCK_TRAIN_DROP:
-            ev.append(f"training loss fell {100 * fell:.0f}% ({g(pts[0][1])} → {g(pts[-1][1])}) while val_loss never "
+            ev.append(f"training loss fell {100 * fell:.0f}% ({g(top)} → {g(pts[-1][1])}) while val_loss never "
                       f"left the uniform-prediction level ln(vocab) = {g(uniform)} (best {g(min(v for _, v in evals))}):"
                       f" what the step learns does not transfer to next-token prediction")
             steps.append(evals[-1][0])
@@ -201,6 +280,15 @@ def rule_labels(run, found, _):
                "check data.dataset_dir/manifest.json: tokenizer and vocab_size match config.yaml"]
     return [Finding("labels", "error", "suspicious labels: loss too low to be real or val far above train", ev,
                     causes, actions, steps)]
+
+
+def splits_differ(run):
+    """The dataset's manifest measured the splits' token distributions apart (ms_llm.data.overlap)."""
+    from ms_llm.data.overlap import SHIFT_WARN
+    from ms_llm.diagnose.references import split_overlap
+
+    kl = (split_overlap(run)[0] or {}).get("unigram_kl_val_train_nats")
+    return isinstance(kl, (int, float)) and kl >= SHIFT_WARN
 
 
 # --- loss spikes ------------------------------------------------------------------------------------

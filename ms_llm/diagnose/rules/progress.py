@@ -25,11 +25,27 @@ SLOW_MIN_STEPS = 200     # a loss still above the unigram entropy this late (and
 UNIGRAM_BAND = 0.04      # flat within 4% of the unigram entropy: the context-free level
 NOISY_REL = 0.03         # noise around the late trend above 3% of the loss: a bouncing loss
 SIB_ABS, SIB_REL, SIB_SPREAD = 0.05, 0.05, 3.0  # behind siblings by max(0.05, 5%, 3x their spread)
+TINY_HIDDEN = 16         # a model narrower than this may be unable to use the context at all
 
 
-def rule_progress(run, found, _):
+def rule_progress(run, found, limit):
     if "loss_nonfinite" in found or "divergence" in found:
         return None  # those explain the curve better
+    out = judge_progress(run)
+    if out and "bad_start" in found:  # a model that started far off is still recovering from its start
+        f = out[0]
+        f.causes.insert(0, cause(f"the start: {found['bad_start'].symptom} (bad_start); the loss is still recovering "
+                                 f"from it", "high"))
+        f.actions.insert(0, found["bad_start"].actions[0])
+    elif out and "underfitting" in found:  # validation stalled at the context-free level: its suspect, when sure
+        f, top = out[0], found["underfitting"].causes[0]
+        if top.endswith("[confidence: high]") and not f.causes[0].endswith("[confidence: high]"):
+            f.causes.insert(0, top.replace(" [confidence: high]", " (underfitting) [confidence: high]"))
+            f.actions.insert(0, found["underfitting"].actions[0])
+    return out
+
+
+def judge_progress(run):
     pts = curve(run)
     warm, n = run.cfg("train.warmup_steps", 0), run.max_steps or 0
     if len(pts) < MIN_RECORDS or pts[-1][0] < max(FLAT_MIN_STEPS, min(warm, n // 2 if n else warm)):
@@ -153,7 +169,8 @@ def stalled_finding(run, pts, late, tr, h1, uniform, ev, fid):
         causes.append(cause("the predictions ignore the context: the targets are not the next tokens of the inputs "
                              "(a misaligned or shuffled batch) or the inputs never reach the output (an embedding, "
                              "attention or mask bug); an LR problem slows or bounces a loss, it does not stop it "
-                             "exactly at the unigram entropy", "high" if not causes and tr.flat else "medium"))
+                             "exactly at the unigram entropy", "high" if not causes and tr.flat and not
+                             0 < (run.cfg("model.hidden_size") or 0) < TINY_HIDDEN else "medium"))
     else:
         symptom = f"loss stalled at {g(late)} after {last} steps" + (
             f", above the context-free level {g(h1.nats)}" if h1 and late > h1.nats else "")
@@ -172,6 +189,11 @@ def stalled_finding(run, pts, late, tr, h1, uniform, ev, fid):
     if not near_h1:
         causes.append(cause("a label bug: targets misaligned with inputs (not shifted by one, or shuffled separately)",
                             "medium" if not sched else "low"))
+    else:
+        h = run.cfg("model.hidden_size") or 0
+        causes.append(cause(f"a model too small to use the context (hidden_size {h}, "
+                            f"{run.final.get('parameters') or '?'} parameters): --set model.hidden_size={2 * h} tells",
+                            "medium" if 0 < h < TINY_HIDDEN else "low"))
     causes.append(cause("a fine-tuned model already at its plateau (checkpoint.load_weights) — then this is expected",
                         "medium" if run.cfg("checkpoint.load_weights") else "low"))
     actions = sched_actions + [overfit_action(run)]

@@ -23,7 +23,7 @@ EPS_MAX, EPS_RMS_SHARE = 1e-5, 0.1  # eps above 1e-5 and above 10% of the RMS gr
 MIN_BATCH_TOKENS = 128      # tokens per optimizer step below this: gradient noise dominates
 
 SLOW, UNSTABLE = "slow", "unstable"
-SLOW_FINDINGS = ("slow_progress", "loss_not_falling", "loss_plateau")
+SLOW_FINDINGS = ("slow_progress", "loss_not_falling", "loss_plateau", "underfitting")
 UNSTABLE_FINDINGS = ("divergence", "loss_nonfinite", "loss_spikes")
 
 
@@ -38,9 +38,9 @@ class Suspect:
 
 
 def suspects(run):
-    t = lambda k, d=None: run.cfg(f"train.{k}", d)  # noqa: E731
-    lr, min_lr, warm, n = t("lr", 1e-3), t("min_lr", 0.0), t("warmup_steps", 0), t("max_steps") or 0
-    decay, kind = t("decay_steps"), t("lr_schedule", "cosine")
+    tc = run.section("train")  # the run's values, the schema's defaults where its config lacks one
+    lr, min_lr, warm, n = tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps
+    decay, kind = tc.decay_steps, tc.lr_schedule
     out = []
     reached = lr_reached(run)
     if n and warm > WARMUP_SHARE * n:
@@ -65,7 +65,7 @@ def suspects(run):
     if n and kind != "constant" and decay and decay > DECAY_LATE * n:
         from ms_llm.train.lr_schedule import lr_at
 
-        end = lr_at(n - 1, _Train(run))
+        end = lr_at(n - 1, tc)
         out.append(Suspect("decay_late", UNSTABLE, f"train.decay_steps = {decay} is {decay / n:.1f}x "
                            f"train.max_steps = {n}: the run ends with the LR at {g(end)} ({100 * end / lr:.0f}% of "
                            f"its peak), before the decay anneals it", f"the LR decay ends long after the run (step "
@@ -75,7 +75,7 @@ def suspects(run):
         out.append(Suspect("min_lr", UNSTABLE, f"train.min_lr = {g(min_lr)} is above train.lr = {g(lr)}: the "
                            f"'decay' raises the LR", f"train.min_lr = {g(min_lr)} above train.lr = {g(lr)}: the "
                            f"schedule raises the LR over the run", f"--set train.min_lr={g(lr / 10)}", strong=True))
-    wd, std = t("weight_decay", 0.0), run.cfg("model.init_std", 0.02)
+    wd, std = tc.weight_decay, run.section("model").init_std
     if wd > WD_MAX:
         # AdamW moves a weight by about lr per step; decay takes lr x wd x |w| from it. At wd x |w| near 1 the decay
         # cancels what the gradients add (|w| ~ init_std early in training).
@@ -87,7 +87,7 @@ def suspects(run):
                            f"Adam step (about lr)", f"weight decay pulls the weights to zero about as fast as the "
                            f"gradients move them (train.weight_decay = {g(wd)}: wd x init_std = {ratio:.2g})",
                            "--set train.weight_decay=0.1", strong=ratio >= WD_STEP_SHARE))
-    b1, b2 = t("beta1", 0.9), t("beta2", 0.999)
+    b1, b2 = tc.beta1, tc.beta2
     if b2 < BETA2_RANGE[0] or b2 <= b1:
         out.append(Suspect("beta2", UNSTABLE, f"train.beta2 = {g(b2)} (beta1 = {g(b1)}): Adam's second moment "
                            f"averages only ~{1 / max(1 - b2, 1e-9):.0f} steps, so the step size jumps with each "
@@ -98,7 +98,7 @@ def suspects(run):
                            f"~{1 / (1 - b2):,.0f} steps, so it lags behind growing gradients (steps too large when "
                            f"they grow); the usual is 0.95-0.999", f"Adam's beta2 = {g(b2)} adapts too slowly",
                            "--set train.beta2=0.95", strong=b2 > 0.99999))
-    eps, rms = t("eps", 1e-8), grad_rms(run)
+    eps, rms = tc.eps, grad_rms(run)
     if eps > EPS_MAX and (rms is None or eps > EPS_RMS_SHARE * rms):
         factor = rms / (rms + eps) if rms else None
         out.append(Suspect("eps", SLOW, f"train.eps = {g(eps)} (the usual is 1e-8)"
@@ -116,16 +116,6 @@ def suspects(run):
                            f"--set train.global_batch_size={4 * run.cfg('train.global_batch_size')} (and the LR "
                            f"by up to 2x)", strong=tokens < MIN_BATCH_TOKENS // 2))
     return out
-
-
-class _Train:
-    """Enough of TrainConfig for lr_at, from the run's config dict."""
-
-    def __init__(self, run):
-        for k in ("lr", "min_lr", "warmup_steps", "lr_schedule", "decay_steps", "max_steps"):
-            setattr(self, k, run.cfg(f"train.{k}"))
-        self.min_lr = self.min_lr or 0.0
-        self.warmup_steps = self.warmup_steps or 0
 
 
 def mattered(s, found):

@@ -85,6 +85,13 @@ def model_config(path):
         cfg = load_config(path)
     if cfg.model.arch != "llama":
         raise UserError(f"{path}: model.arch = {cfg.model.arch}: MindFormers checkpoints are converted for Llama.")
+    m = cfg.model
+    apart = m.head_dim and m.head_dim != m.hidden_size // m.num_heads
+    beyond = [k for k, v in (("qk_norm", m.qk_norm), ("head_dim", apart), ("sliding_window", m.sliding_window)) if v]
+    if beyond:  # MindFormers' LlamaForCausalLM has none of these; its Qwen3 is another model with its own names
+        raise UserError(f"{path}: model.{beyond[0]} is set, which MindFormers' LlamaForCausalLM (the model whose "
+                        f"checkpoint names ms_llm knows: Llama 2/3, Qwen2.5) does not have. For Qwen3 or Mistral "
+                        f"weights, convert the Hugging Face checkpoint with --from-hf.")
     if cfg.model.vocab_size is None:
         raise UserError(f"{path}: model.vocab_size is null; the checkpoint's embedding needs it. Set it (32000 for "
                         f"Llama 2).")
@@ -226,5 +233,5 @@ def find_origin(here, load_weights):
 def ours_names(m):
     """Our model's parameter names: a training checkpoint also holds optimizer state, which is left out."""
     top = ["embedding", "final_norm.weight"] + ([] if m.tie_embeddings else ["lm_head"])
-    per_layer = list(names.LAYER) + list(names.SPLIT)
+    per_layer = list(names.LAYER) + list(names.split(m))
     return top + [f"layers.{i}.{k}" for i in range(m.num_layers) for k in per_layer]

@@ -10,6 +10,11 @@ MC = "model.model_config."
 
 
 def model(t, facts):
+    if t.has(MC + "model_type") and not t.has(MC + "type"):  # configs/qwen3/*.yaml and other mcore-style models
+        raise UserError(f"model.model_config.model_type = {t.get(MC + 'model_type')!r} without model_config.type: a "
+                        f"MindFormers model in Hugging Face's config keys (its mcore models: Qwen3, ...), which this "
+                        f"importer does not read (it reads LlamaConfig files: Llama 2/3, Qwen2.5). Convert the "
+                        f"model from its Hugging Face folder instead: ms-llm convert --from-hf DIR.")
     kind = t.get(MC + "type", "LlamaConfig")
     if kind != "LlamaConfig":
         raise UserError(f"model.model_config.type = {kind!r}: only Llama models (LlamaConfig) are imported; ms_llm's "
@@ -20,14 +25,29 @@ def model(t, facts):
         raise UserError(f"model.arch.type = {arch!r}: only LlamaForCausalLM is imported (LoRA/prefix-tuning "
                         f"wrappers are not part of ms_llm).")
     t.ignored("model.arch.type", "the causal-LM head over the decoder: what model.arch: llama builds")
-    if t.get(MC + "extend_method", "None") not in ("None", None):
-        raise UserError(f"model.model_config.extend_method = {t.get(MC + 'extend_method')!r}: RoPE extension (PI/NTK) "
-                        f"is not implemented in ms_llm's Llama; converting would silently change the model.")
-    for key in ("qkv_has_bias", "attn_proj_has_bias"):
-        if t.get(MC + key):
-            raise UserError(f"model.model_config.{key} = true: ms_llm's Llama has no biases; converting would "
-                            f"silently drop them.")
-        t.ignored(MC + key, "no biases, as in ms_llm's Llama")
+    rope_extension(t)
+    if t.get(MC + "attn_proj_has_bias"):
+        raise UserError("model.model_config.attn_proj_has_bias = true: ms_llm's Llama has no bias on the attention "
+                        "output (model.qkv_bias puts biases on q, k and v only); converting would silently drop it.")
+    t.ignored(MC + "attn_proj_has_bias", "no bias on the attention output, as in ms_llm's Llama")
+    if t.get(MC + "qkv_has_bias"):
+        t.mapped(MC + "qkv_has_bias", ("model.qkv_bias", True), "biases on q, k and v (Qwen2.5)")
+    t.ignored(MC + "qkv_has_bias", "no q/k/v biases")
+    # Keys research/qwen2_5's YAMLs carry "copied from Qwen" that MindFormers' LlamaConfig and Llama never read.
+    for k, why in (("rotary_emb_base", "theta is the RoPE base"), ("initializer_range", "init_method_std is"),
+                   ("use_past_shard", "an inference setting")):
+        t.ignored(MC + k, f"not read by MindFormers' Llama ({why})")
+    if num(t.get(MC + "rotary_pct", 1.0), MC + "rotary_pct") != 1.0:
+        t.unsupported(MC + "rotary_pct", "not read by MindFormers' Llama, which rotates whole heads, as ms_llm does")
+    t.ignored(MC + "rotary_pct", "not read by MindFormers' Llama (it rotates whole heads, as ms_llm does)")
+    if num(t.get(MC + "emb_dropout_prob", 0.0), MC + "emb_dropout_prob"):
+        t.unsupported(MC + "emb_dropout_prob", "a dropout on the embeddings alone: ms_llm's model.dropout applies to "
+                                               "attention, residual branches and embeddings together")
+    t.ignored(MC + "emb_dropout_prob", "0: no embedding dropout")
+    t.ignored(MC + "max_position_embedding", "RoPE tables are built for model.seq_length positions (the same "
+                                             "values for every position below it)")
+    t.ignored(MC + "embedding_init_type", "ms_llm keeps float32 master weights; a converted checkpoint remembers its "
+                                          "own dtype")
     v = {k: t.get(MC + k, d) for k, d in MF_MODEL_DEFAULTS.items()}
     for mf, ours in (("num_layers", "num_layers"), ("hidden_size", "hidden_size"), ("num_heads", "num_heads"),
                      ("vocab_size", "vocab_size"), ("seq_length", "seq_length")):
@@ -63,8 +83,6 @@ def model(t, facts):
         t.default(MC + "compute_dtype", ("precision.compute_dtype", dtype), "MindFormers' default")
     if t.has(MC + "init_method_std"):
         t.mapped(MC + "init_method_std", ("model.init_std", num(t.get(MC + "init_method_std"), "init_method_std")))
-    t.ignored(MC + "scaling_factor", "used only with extend_method (none here)")
-    t.ignored(MC + "extend_method", "no RoPE extension")
     t.ignored(MC + "qkv_concat", "a checkpoint-layout choice: ms_llm always fuses q/k/v; converting a checkpoint "
                                  "reads either layout")
     facts["qkv_concat"] = bool(t.get(MC + "qkv_concat", False))
@@ -93,6 +111,37 @@ def model(t, facts):
     if (t.get(MC + "pp_interleave_num") or 1) > 1:
         t.unsupported(MC + "pp_interleave_num", "interleaved pipeline stages are not implemented: one chunk per stage")
     t.ignored(MC + "pp_interleave_num", "1: no interleaved pipeline")
+
+
+def rope_extension(t):
+    """extend_method: "LLAMA3" with a scaling_factor mapping (research/llama3_1's predict YAMLs) is Llama 3.1's RoPE
+    frequency scaling, our model.rope_scaling; the other methods (PI, NTK, YARN, ...) are refused."""
+    method = t.get(MC + "extend_method", "None")
+    if method == "LLAMA3":
+        sf = {k[len(MC + "scaling_factor."):]: v for k, v in t.flat.items() if k.startswith(MC + "scaling_factor.")}
+        keys = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+        missing = [k for k in keys if k not in sf]
+        if missing or set(sf) - set(keys):
+            raise UserError(f"model.model_config.extend_method = 'LLAMA3' needs scaling_factor to be a mapping of "
+                            f"exactly {', '.join(keys)} (MindFormers checks the same); "
+                            + (f"missing {', '.join(missing)}" if missing else
+                               f"unknown {', '.join(sorted(set(sf) - set(keys)))}") + ".")
+        scaling = {"type": "llama3", "factor": num(sf["factor"], MC + "scaling_factor.factor"),
+                   "low_freq_factor": num(sf["low_freq_factor"], MC + "scaling_factor.low_freq_factor"),
+                   "high_freq_factor": num(sf["high_freq_factor"], MC + "scaling_factor.high_freq_factor"),
+                   "original_max_position_embeddings": num(sf["original_max_position_embeddings"],
+                                                           MC + "scaling_factor.original_max_position_embeddings", int)}
+        t.mapped(MC + "extend_method", ("model.rope_scaling", scaling), "Llama 3.1's RoPE frequency scaling")
+        for k in keys:
+            t.mapped(MC + "scaling_factor." + k, (f"model.rope_scaling.{k}", scaling[k]))
+        return
+    if method not in ("None", None):
+        raise UserError(f"model.model_config.extend_method = {method!r}: that RoPE extension is not implemented in "
+                        f"ms_llm's Llama (it has LLAMA3, as model.rope_scaling); converting would silently change "
+                        f"the model.")
+    t.ignored(MC + "scaling_factor", "used only with extend_method (none here)")
+    t.ignore_prefix(MC + "scaling_factor.", "used only with extend_method (none here)")
+    t.ignored(MC + "extend_method", "no RoPE extension")
 
 
 def ffn_size(t, v):

@@ -4,6 +4,7 @@
     embedding                         model.tok_embeddings.embedding_weight
     layers.N.attn_norm.weight         attention_norm.weight
     layers.N.attention.qkv.weight     attention.wq|wk|wv.weight, or fused attention.w_qkv.weight
+    layers.N.attention.qkv.bias       attention.wq|wk|wv.bias, or fused attention.w_qkv.bias (qkv_has_bias: Qwen2.5)
     layers.N.attention.out.weight     attention.wo.weight
     layers.N.mlp_norm.weight          ffn_norm.weight
     layers.N.mlp.gate_up.weight       feed_forward.w1 (gate) | w3 (up), or fused feed_forward.w_gate_hidden.weight
@@ -16,7 +17,8 @@ The two fused layouts, by MindFormers version (our fused rows are [q; k; v] and 
     concatenated  (MindFormers ≤ 1.3)  w_qkv = [q; k; v]; w_gate_hidden = [gate; up]   — ours exactly
     grouped       (MindFormers ≥ 1.4)  w_qkv rows per key/value head g: [q heads of g, k_g, v_g];
                                        w_gate_hidden rows interleaved: gate_0, up_0, gate_1, up_1, ...
-Nothing in a checkpoint says which one it is, so the user names it (--fused-layout).
+(a fused q/k/v bias is grouped as its weight's rows are: research/qwen2_5/convert_weight.py applies the same
+qkv_concat_hf2mg to both). Nothing in a checkpoint says which one it is, so the user names it (--fused-layout).
 MindFormers' RoPE rotates halves (as Hugging Face's and ours do): q/k rows are not permuted.
 """
 import re
@@ -28,7 +30,9 @@ LAYER = {"attn_norm.weight": "attention_norm.weight", "attention.out.weight": "a
          "mlp_norm.weight": "ffn_norm.weight", "mlp.down.weight": "feed_forward.w2.weight"}
 SPLIT = {"attention.qkv.weight": ("attention.wq.weight", "attention.wk.weight", "attention.wv.weight"),
          "mlp.gate_up.weight": ("feed_forward.w1.weight", "feed_forward.w3.weight")}
-FUSED = {"attention.qkv.weight": "attention.w_qkv.weight", "mlp.gate_up.weight": "feed_forward.w_gate_hidden.weight"}
+FUSED = {"attention.qkv.weight": "attention.w_qkv.weight", "mlp.gate_up.weight": "feed_forward.w_gate_hidden.weight",
+         "attention.qkv.bias": "attention.w_qkv.bias"}
+QKV_BIAS = {"attention.qkv.bias": ("attention.wq.bias", "attention.wk.bias", "attention.wv.bias")}
 TOP = {"embedding": "model.tok_embeddings.embedding_weight", "final_norm.weight": "model.norm_out.weight",
        "lm_head": "lm_head.weight"}
 WRAPPED = re.compile(r"\._layer\.(weight)$")
@@ -48,8 +52,13 @@ def is_training_state(name):
 
 
 def dims(m):
-    d = m.hidden_size // m.num_heads
+    d = m.head_dim or m.hidden_size // m.num_heads
     return m.hidden_size, m.num_heads, m.num_kv_heads, d, m.ffn_hidden_size, m.vocab_size
+
+
+def split(m):
+    """Our fused tensors of one layer and MindFormers' separate tensors they concatenate, for model `m`."""
+    return {**SPLIT, **(QKV_BIAS if m.qkv_bias else {})}
 
 
 def expected_shapes(m, fused_qkv, fused_ffn):
@@ -62,9 +71,14 @@ def expected_shapes(m, fused_qkv, fused_ffn):
                  "feed_forward.w2.weight": (c, f)}
     if fused_qkv:
         per_layer["attention.w_qkv.weight"] = ((h + 2 * kv) * d, c)
+        if m.qkv_bias:
+            per_layer["attention.w_qkv.bias"] = ((h + 2 * kv) * d,)
     else:
         per_layer.update({"attention.wq.weight": (h * d, c), "attention.wk.weight": (kv * d, c),
                           "attention.wv.weight": (kv * d, c)})
+        if m.qkv_bias:
+            per_layer.update({"attention.wq.bias": (h * d,), "attention.wk.bias": (kv * d,),
+                              "attention.wv.bias": (kv * d,)})
     if fused_ffn:
         per_layer["feed_forward.w_gate_hidden.weight"] = (2 * f, c)
     else:
@@ -79,10 +93,12 @@ def unfuse(name, w, m, layout):
     if layout == "concatenated":
         return w
     c, h, kv, d, f, _ = dims(m)
-    if name.endswith("w_qkv.weight"):
-        g = w.reshape(kv, (h // kv + 2) * d, c)
+    if name.endswith(("w_qkv.weight", "w_qkv.bias")):
+        cols = w.shape[1:]  # (c,) for the weight, () for the bias
+        g = w.reshape((kv, (h // kv + 2) * d) + cols)
         q, k, v = g[:, :h // kv * d], g[:, h // kv * d:(h // kv + 1) * d], g[:, (h // kv + 1) * d:]
-        return np.concatenate([q.reshape(h * d, c), k.reshape(kv * d, c), v.reshape(kv * d, c)], axis=0)
+        return np.concatenate([q.reshape((h * d,) + cols), k.reshape((kv * d,) + cols), v.reshape((kv * d,) + cols)],
+                              axis=0)
     pairs = w.reshape(f, 2, c)
     return np.concatenate([pairs[:, 0], pairs[:, 1]], axis=0)
 
@@ -92,10 +108,12 @@ def fuse(ours_name, w, m, layout):
     if layout == "concatenated":
         return w
     c, h, kv, d, f, _ = dims(m)
-    if ours_name.endswith("qkv.weight"):
+    if ours_name.endswith(("qkv.weight", "qkv.bias")):
+        cols = w.shape[1:]
         q, k, v = np.split(w, [h * d, (h + kv) * d], axis=0)
-        g = np.concatenate([q.reshape(kv, h // kv * d, c), k.reshape(kv, d, c), v.reshape(kv, d, c)], axis=1)
-        return g.reshape(-1, c)
+        g = np.concatenate([q.reshape((kv, h // kv * d) + cols), k.reshape((kv, d) + cols),
+                            v.reshape((kv, d) + cols)], axis=1)
+        return g.reshape((-1,) + cols)
     gate, up = np.split(w, 2, axis=0)
     return np.stack([gate, up], axis=1).reshape(2 * f, c)
 
@@ -107,7 +125,7 @@ def to_ours(mf, m, layout):
         base = f"model.layers.{i}."
         for ours, name in LAYER.items():
             out[f"layers.{i}.{ours}"] = mf[base + name]
-        for ours, parts in SPLIT.items():
+        for ours, parts in split(m).items():
             fused = base + FUSED[ours]
             out[f"layers.{i}.{ours}"] = (np.ascontiguousarray(unfuse(fused, mf[fused], m, layout)) if fused in mf
                                          else np.concatenate([mf[base + p] for p in parts], axis=0))
@@ -118,13 +136,14 @@ def to_mindformers(arrays, m, fused_qkv, fused_ffn, layout):
     """{our name: array} → {MindFormers canonical name: array}."""
     c, h, kv, d, f, _ = dims(m)
     out = {name: arrays[ours] for ours, name in TOP.items() if ours in arrays}
-    cuts = {"attention.qkv.weight": [h * d, (h + kv) * d], "mlp.gate_up.weight": [f]}
-    wanted = {"attention.qkv.weight": fused_qkv, "mlp.gate_up.weight": fused_ffn}
+    cuts = {"attention.qkv.weight": [h * d, (h + kv) * d], "attention.qkv.bias": [h * d, (h + kv) * d],
+            "mlp.gate_up.weight": [f]}
+    wanted = {"attention.qkv.weight": fused_qkv, "attention.qkv.bias": fused_qkv, "mlp.gate_up.weight": fused_ffn}
     for i in range(m.num_layers):
         base = f"model.layers.{i}."
         for ours, name in LAYER.items():
             out[base + name] = arrays[f"layers.{i}.{ours}"]
-        for ours, parts in SPLIT.items():
+        for ours, parts in split(m).items():
             w = arrays[f"layers.{i}.{ours}"]
             if wanted[ours]:
                 out[base + FUSED[ours]] = np.ascontiguousarray(fuse(ours, w, m, layout))

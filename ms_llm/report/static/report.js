@@ -19,6 +19,7 @@
     if (panel.y_log) { attrs.y_axis_type = "log"; }
     if (panel.x_log) { attrs.x_axis_type = "log"; }  // a swept LR against its metric (ms_llm/tune)
     if (shared[panel.axis]) { attrs.x_range = shared[panel.axis]; }
+    else if (panel.x_range) { attrs.x_range = new Bokeh.Range1d({start: panel.x_range[0], end: panel.x_range[1]}); }
     if (panel.y_range) { attrs.y_range = new Bokeh.Range1d({start: panel.y_range[0], end: panel.y_range[1]}); }
     for (var k in extra) { attrs[k] = extra[k]; }
     var p = plt.figure(attrs);
@@ -47,7 +48,7 @@
     });
     p.add_tools(new Bokeh.HoverTool({renderers: lines, mode: "vline", tooltips: [
       ["run", "@run"], [panel.x_label || data.x_label, panel.x_format || "@x{0,0}"],
-      [panel.value_label, "@y{0,0.[0000]}"]]}));
+      [panel.value_label, panel.y_format || "@y{0,0.[0000]}"]]}));
     (panel.hlines || []).forEach(function (y) {
       p.add_layout(new Bokeh.Span({location: y, dimension: "width", line_color: y === 0 ? "#555555" : "#d62728",
                                    line_dash: y === 0 ? "solid" : "dashed", line_width: 1.2}));
