@@ -358,3 +358,44 @@ def test_device_memory_units():
     assert parse_memory("64GB") == parse_memory("64 GiB") == parse_memory("64") == 64.0
     assert parse_memory("512MB") == 0.5 and 64 * GIB == parse_memory("64g") * GIB
     assert total_bytes([]) == 0
+
+
+# -- the terms learned from ms-llm benchmark --memory ---------------------------------------------------
+
+def test_cpu_target_adds_the_measured_runtime_terms_and_float32_activations():
+    from ms_llm.parallel.memory import (CPU_COMPILED_BYTES, CPU_COMPILED_LAYER_BYTES, CPU_RUNTIME_BYTES, MIB,
+                                        planned_by_kind)
+
+    shape = shape_of("model.preset=tiny-gpt2", "model.num_layers=4", "model.hidden_size=128", "model.num_heads=4",
+                     "model.seq_length=256", "model.vocab_size=32000")
+    cpu = layout(dp=1, micro_batch_size=12, global_batch=12, compute_dtype="float32", target="CPU",
+                 loss_chunk_tokens=1024)
+    kinds = planned_by_kind(t.as_dict() for t in stage_memory(shape, cpu, 0))
+    assert kinds["runtime baseline"] == CPU_RUNTIME_BYTES
+    assert kinds["compiled graphs"] == CPU_COMPILED_BYTES + 4 * CPU_COMPILED_LAYER_BYTES
+    sbh = 256 * 12 * 128
+    assert kinds["activations"] == 4 * sbh * 4 * (16 + 4 * 256 / 128)  # 16 + a·s/h float32 tensors of s·b·h
+    assert kinds["activations"] == pytest.approx(144 * MIB, rel=0.01)  # measured 145 MiB at vocabulary 66
+    assert kinds["logits"] == 1024 * 32000 * 8  # one chunk: float32 logits and their gradient
+    whole = planned_by_kind(t.as_dict() for t in stage_memory(shape, replace(cpu, loss_chunk_tokens=0), 0))
+    assert whole["logits"] == 256 * 12 * 32000 * 4 * 18  # MindSpore's autodiff of ops.cross_entropy, measured
+    ascend = planned_by_kind(t.as_dict() for t in stage_memory(shape, replace(cpu, target="Ascend"), 0))
+    assert "runtime baseline" not in ascend and ascend["logits"] == 1024 * 32000 * (12 + 2 * 4)
+
+
+def test_the_chunked_loss_is_planned_only_where_the_session_uses_it():
+    shape = shape_of("model.preset=llama2-7b")
+    plain = layout(dp=8, loss_chunk_tokens=1024)
+    assert term(stage_memory(shape, plain, 0), "logits") == 1024 * 32000 * (12 + 2 * 2)
+    for semi_auto in (dict(optimizer_shard=True), dict(dp=4, mp=2)):  # semi-auto parallel: whole logits
+        lay = layout(loss_chunk_tokens=1024, **semi_auto)
+        assert lay.loss_chunk == 0
+        assert term(stage_memory(shape, lay, 0), "logits") == 4096 * 32000 * (2 + 4)  # vocab_emb_dp: whole V
+
+
+def test_accumulating_micro_batches_keeps_float32_gradient_buffers():
+    shape = shape_of("model.preset=llama2-7b")
+    one = stage_memory(shape, layout(dp=8, global_batch=8), 0)
+    eight = stage_memory(shape, layout(dp=8, global_batch=64), 0)
+    assert not [t for t in one if t.name.startswith("gradient accumulation")]
+    assert term(eight, "gradient accumulation buffers") == pytest.approx(4 * LLAMA2_7B_PARAMS)

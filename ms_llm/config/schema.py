@@ -209,8 +209,9 @@ class ContextConfig:
     num_threads: Optional[int] = opt(None, "CPU kernel threads (null: MindSpore default)")
     compile_cache: bool = opt(True, "reuse compiled graphs of an identical config+code from "
                                     "~/.cache/ms_llm/compile (restarts, resumes and benchmarks skip compilation)")
-    cpu_kernels: bool = opt(True, "on CPU, fused C++ kernels for GELU, LayerNorm and the gradient norm "
-                                  "(compiled with g++ at first use; plain MindSpore ops if that fails)")
+    cpu_kernels: bool = opt(True, "on CPU, fused C++ kernels for GELU, LayerNorm, the gradient norm, attention's "
+                                  "causal softmax and head layout, and the chunked loss (compiled with g++ at "
+                                  "first use; plain MindSpore ops if that fails)")
 
 
 @dataclass(frozen=True)
