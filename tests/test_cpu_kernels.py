@@ -165,6 +165,19 @@ def test_fused_attention_matches_the_composition(kv_heads, rope):
         np.testing.assert_allclose(fused, plain, rtol=RTOL, atol=ATOL)
 
 
+def test_a_sliding_window_is_masked_with_the_fused_kernels_on():
+    """The causal-softmax kernel knows only the triangle: with a sliding window (Mistral) the core keeps the mask
+    add, so kernels on and off give the same windowed attention."""
+    from ms_llm.nn.attention import CausalSelfAttention
+
+    x = ms.Tensor(np.random.default_rng(9).standard_normal((2, 16, 32)).astype(np.float32))
+    outputs = []
+    for backend in (Backend("CPU", cpu_kernels=True), Backend("CPU")):
+        ms.set_seed(0)
+        outputs.append(CausalSelfAttention(32, 2, 2, 16, backend=backend, window=4)(x).asnumpy())
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=RTOL, atol=ATOL)
+
+
 def test_causal_softmax_masks_exactly_and_its_gradient_matches():
     op = cpu_kernels.op("causal_softmax")
     scores = np.random.default_rng(6).standard_normal((2, 3, 5, 5)).astype(np.float32) * 4
