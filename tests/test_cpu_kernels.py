@@ -146,6 +146,34 @@ def attention_grads(attention, x, weights):
     return [value.asnumpy(), dx.asnumpy()] + [g.asnumpy() for g in dws]
 
 
+def test_head_split_and_merge_kernels_are_the_transposes_and_slices():
+    """heads_split against numpy's transpose and slices, forward and gradient (the gradient of q, k, v written back
+    into the fused (B, T, H + 2KV, D) layout); swap_middle_axes against numpy (its gradient is itself)."""
+    h, kv = 4, 2
+    qkv = np.random.default_rng(10).standard_normal((2, 5, h + 2 * kv, 3)).astype(np.float32)
+    heads = qkv.transpose(0, 2, 1, 3)
+    expected = heads[:, :h], heads[:, h:h + kv], heads[:, h + kv:]
+    split = cpu_kernels.op("heads_split", h, kv)
+    for got, want in zip(split(ms.Tensor(qkv)), expected):
+        assert np.array_equal(got.asnumpy(), want)  # a copy: bit for bit
+    dq, dk, dv = (np.random.default_rng(11 + i).standard_normal(e.shape).astype(np.float32) for i, e in
+                  enumerate(expected))
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # one op's gradient: no graph to compile
+    try:
+        def weighted(x):
+            q, k, v = split(x)
+            return (q * ms.Tensor(dq)).sum() + (k * ms.Tensor(dk)).sum() + (v * ms.Tensor(dv)).sum()
+
+        grad = ms.grad(weighted)(ms.Tensor(qkv)).asnumpy()
+    finally:
+        ms.set_context(mode=mode)
+    assert np.array_equal(grad, np.concatenate([dq, dk, dv], 1).transpose(0, 2, 1, 3))
+    swapped = cpu_kernels.op("swap_middle_axes")(ms.Tensor(heads)).asnumpy()
+    assert np.array_equal(swapped, qkv)
+
+
+@pytest.mark.slow  # compiles four attention layers with their gradients (~3 s idle); the kernels alone are above
 @pytest.mark.parametrize("kv_heads,rope", [(4, None), (2, 10000.0)], ids=["mha", "gqa-rope"])
 def test_fused_attention_matches_the_composition(kv_heads, rope):
     """The causal-softmax and head split/merge kernels against MindSpore's mask add, Softmax, Transpose and slices:
