@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import os
+import resource
 import sys
 import time
 
@@ -72,13 +73,27 @@ def lr_at(step, steps, warmup=100, lr=1e-3, min_lr=1e-4):
     return min_lr + 0.5 * (1 + math.cos(math.pi * min(1.0, progress))) * (lr - min_lr)
 
 
-def read_split(dataset_dir, manifest, split):
-    from mindspore.mindrecord import FileReader
+READ_SPLIT = """
+import sys, numpy as np
+from mindspore.mindrecord import FileReader
+reader = FileReader(sys.argv[1])
+rows = [item["input_ids"] for item in reader.get_next()]
+reader.close()
+np.save(sys.argv[2], np.stack(rows).astype(np.int64))
+"""
 
-    reader = FileReader(os.path.join(dataset_dir, manifest["splits"][split]["file"]))
-    rows = [item["input_ids"] for item in reader.get_next()]
-    reader.close()
-    return np.stack(rows).astype(np.int64)
+
+def read_split(dataset_dir, manifest, split):
+    """The split's samples, read by a child process: MindRecord needs MindSpore, whose import (~360 MiB resident)
+    would otherwise count in this process's peak memory, which benchmarks/side_by_side.py compares."""
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rows.npy")
+        subprocess.run([sys.executable, "-c", READ_SPLIT, os.path.join(dataset_dir, manifest["splits"][split]["file"]),
+                        out], check=True, env=dict(os.environ, GLOG_v="3"))
+        return np.load(out)
 
 
 def main():
@@ -91,6 +106,8 @@ def main():
     ap.add_argument("--eval-batches", type=int, default=400)
     ap.add_argument("--seed", type=int, default=1337)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--vocab-size", type=int, default=0, help="model vocabulary (default: the dataset's); larger "
+                                                                 "than the data's to measure the LM head and loss")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -126,7 +143,7 @@ def main():
         model.train()
         return float(np.mean(losses))
 
-    model = GPT(manifest["vocab_size"], seq)
+    model = GPT(max(args.vocab_size, manifest["vocab_size"]), seq)
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -148,7 +165,8 @@ def main():
     steady = sorted(times[min(10, len(times) - 1):])
     ms = 1e3 * float(np.median(steady))
     result = {"framework": f"pytorch {torch.__version__}", "threads": torch.get_num_threads(),
-              "ms_per_step": ms, "tokens_per_s": args.batch * seq / (ms / 1e3), "sampling": args.sampling}
+              "ms_per_step": ms, "tokens_per_s": args.batch * seq / (ms / 1e3), "sampling": args.sampling,
+              "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     print(json.dumps(result))
 
 

@@ -1,20 +1,29 @@
-"""ms_llm vs PyTorch eager on the quickstart model, alternating runs on the same machine.
+"""ms_llm vs PyTorch eager on the same model, alternating runs on the same machine: tokens/s and peak memory.
 
-  python benchmarks/side_by_side.py --rounds 3
+  python benchmarks/side_by_side.py --rounds 3                         # the quickstart (speed)
+  python benchmarks/side_by_side.py --rounds 3 --steps 20 --dataset-dir /tmp/shakespeare_256 \\
+         --set model.seq_length=256 --vocab-size 32000                  # issue 27's table (context 256)
 
-Each round runs `ms-llm benchmark --config configs/shakespeare_char.yaml --json` and
-`benchmarks/pytorch_reference.py` (speed only) back to back, so both see the same machine state; the
-ratio of medians over rounds is printed. Needs `pip install torch==2.13.0`.
+Each round runs `ms-llm benchmark --json` and `benchmarks/pytorch_reference.py` back to back, so both see the
+same machine state; the ratio of medians over rounds is printed. Peak memory is each process's maximum
+resident set (`/usr/bin/time -v` where it exists, else the children's rusage), and the working memory is that
+peak less what importing the framework alone costs (measured the same way, once per framework). Peak memory is
+robust to a busy machine; tokens/s are not, hence the alternation and the range over rounds.
+Needs `pip install torch==2.13.0`.
 """
 import argparse
 import json
 import os
+import re
+import resource
+import shutil
 import subprocess
 import sys
 
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TIME = shutil.which("time") and os.path.exists("/usr/bin/time")
 
 
 def last_json(text):
@@ -24,30 +33,64 @@ def last_json(text):
     raise RuntimeError(f"no JSON result in output:\n{text[-2000:]}")
 
 
+def run(cmd, env):
+    """(stdout, peak resident MiB) of one process."""
+    if TIME:
+        proc = subprocess.run(["/usr/bin/time", "-v"] + cmd, cwd=ROOT, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+        peak = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", proc.stderr).group(1)) / 1024
+        return proc.stdout, peak
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, check=True)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return proc.stdout, (after if after > before else float("nan")) / 1024  # only a new maximum is visible
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--config", default=os.path.join(ROOT, "configs", "shakespeare_char.yaml"))
-    ap.add_argument("--set", dest="overrides", action="append", default=[])
+    ap.add_argument("--set", dest="overrides", action="append", default=[], help="ms_llm config override")
+    ap.add_argument("--dataset-dir", help="both sides read this dataset (default: the config's)")
+    ap.add_argument("--vocab-size", type=int, default=0, help="both models get this vocabulary (default: the data's)")
     args = ap.parse_args()
     env = dict(os.environ, GLOG_v="3")
+    overrides = list(args.overrides)
+    if args.dataset_dir:
+        overrides.append(f"data.dataset_dir={args.dataset_dir}")
+    if args.vocab_size:
+        overrides.append(f"model.vocab_size={args.vocab_size}")
+    ours_cmd = [sys.executable, "-m", "ms_llm.cli", "benchmark", "--config", args.config, "--steps", str(args.steps),
+                "--json"] + [x for o in overrides for x in ("--set", o)]
+    theirs_cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "pytorch_reference.py"), "--steps",
+                  str(args.steps + 10), "--eval-every", "0", "--vocab-size", str(args.vocab_size)]
+    if args.dataset_dir:
+        theirs_cmd += ["--dataset-dir", args.dataset_dir]
+    imports = {name: run([sys.executable, "-c", f"import {name}"], env)[1] for name in ("mindspore", "torch")}
     ours, theirs = [], []
     for r in range(args.rounds):
-        cmd = [sys.executable, "-m", "ms_llm.cli", "benchmark", "--config", args.config, "--steps", str(args.steps),
-               "--json"] + [x for o in args.overrides for x in ("--set", o)]
-        a = last_json(subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, check=True).stdout)
-        b = last_json(subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "pytorch_reference.py"),
-                                      "--steps", str(args.steps + 10), "--eval-every", "0"], cwd=ROOT,
-                                     capture_output=True, text=True, env=env, check=True).stdout)
-        ours.append(a["tokens_per_s"])
-        theirs.append(b["tokens_per_s"])
-        print(f"round {r + 1}: ms_llm {a['tokens_per_s']:,.0f} tok/s ({a['ms_per_step']:.1f} ms/step)  "
-              f"pytorch {b['tokens_per_s']:,.0f} tok/s ({b['ms_per_step']:.1f} ms/step)  "
-              f"ratio {a['tokens_per_s'] / b['tokens_per_s']:.2f}", flush=True)
-    ratio = np.median(ours) / np.median(theirs)
-    print(json.dumps({"ms_llm_tokens_per_s": float(np.median(ours)), "pytorch_tokens_per_s": float(np.median(theirs)),
-                      "ratio": float(ratio), "rounds": args.rounds}))
+        out, a_peak = run(ours_cmd, env)
+        a = last_json(out)
+        out, b_peak = run(theirs_cmd, env)
+        b = last_json(out)
+        ours.append((a["tokens_per_s"], a_peak))
+        theirs.append((b["tokens_per_s"], b_peak))
+        print(f"round {r + 1}: ms_llm {a['tokens_per_s']:,.0f} tok/s, peak {a_peak:,.0f} MiB   pytorch "
+              f"{b['tokens_per_s']:,.0f} tok/s, peak {b_peak:,.0f} MiB   speed ratio "
+              f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}", flush=True)
+    ratios = [a[0] / b[0] for a, b in zip(ours, theirs)]
+    peak_a, peak_b = max(p for _, p in ours), max(p for _, p in theirs)
+    work_a, work_b = peak_a - imports["mindspore"], peak_b - imports["torch"]
+    print(f"import alone: mindspore {imports['mindspore']:,.0f} MiB, torch {imports['torch']:,.0f} MiB; working memory "
+          f"(peak - import): ms_llm {work_a:,.0f} MiB, pytorch {work_b:,.0f} MiB, ratio {work_a / work_b:.2f}")
+    print(json.dumps({"ms_llm_tokens_per_s": float(np.median([a for a, _ in ours])),
+                      "pytorch_tokens_per_s": float(np.median([b for b, _ in theirs])),
+                      "ratio": float(np.median([a for a, _ in ours]) / np.median([b for b, _ in theirs])),
+                      "ratio_range": [min(ratios), max(ratios)], "rounds": args.rounds,
+                      "ms_llm_peak_mib": peak_a, "pytorch_peak_mib": peak_b, "import_mib": imports,
+                      "working_memory_ratio": work_a / work_b}))
 
 
 if __name__ == "__main__":

@@ -102,12 +102,18 @@ def cmd_sample(args):
 
 def cmd_benchmark(args):
     from ms_llm.config import load_config
+
+    steps = args.steps if args.steps is not None else (3 if args.memory else 50)
+    if steps <= 0 or args.warmup < 0:
+        raise UserError(f"--steps = {steps} must be positive and --warmup = {args.warmup} non-negative.")
+    overrides = ["monitor.summary=false", "monitor.progress_bar=false"] + args.overrides
+    if args.memory:
+        from ms_llm.benchmark_memory import main as memory
+
+        return memory(args.config, overrides, steps, args.json)
     from ms_llm.benchmark import main as benchmark
 
-    if args.steps <= 0 or args.warmup < 0:
-        raise UserError(f"--steps = {args.steps} must be positive and --warmup = {args.warmup} non-negative.")
-    overrides = ["monitor.summary=false", "monitor.progress_bar=false"] + args.overrides
-    benchmark(load_config(args.config, overrides), args.steps, args.warmup, args.json, output=args.output,
+    benchmark(load_config(args.config, overrides), steps, args.warmup, args.json, output=args.output,
               about={"config": args.config, "overrides": args.overrides})
 
 
@@ -153,8 +159,13 @@ def build_parser():
     p = sub.add_parser("benchmark", help="tokens/s, ms/step, compile time, MFU, memory, data wait of the real step")
     p.add_argument("--config", required=True)
     add_set_argument(p)
-    p.add_argument("--steps", type=int, default=50, help="timed steps (default 50)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps (default 50; with --memory, steps per "
+                                                           "measuring process, default 3)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after compilation (default 5)")
+    p.add_argument("--memory", action="store_true",
+                   help="where the peak memory goes: runtime, weights, gradients, optimizer states, compiled graphs, "
+                        "activations, logits and loss, the rest; measured in 2-3 fresh processes (difference runs) "
+                        "and printed beside ms-llm plan's prediction")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.add_argument("--output", metavar="FILE", help="also write the result as JSON to FILE (e.g. RUN/benchmark.json: "
                                                     "ms-llm diagnose RUN compares the run's speed with it)")

@@ -133,3 +133,118 @@ def test_non_finite_values_propagate_through_fused_kernels():
     y = fused_gelu(ms.Tensor(x)).asnumpy()
     assert np.isnan(y[0, 3]) and np.isposinf(y[1, 2]) and np.isfinite(y[0, 0])
     assert np.isnan(fused_ln(ms.Tensor(x)).asnumpy()).all()  # a non-finite value poisons its whole row
+
+
+# -- attention: causal softmax, head split/merge, selective recompute by custom bprop ------------------
+
+def attention_grads(attention, x, weights):
+    """(output, dx, parameter gradients) of Σ attention(x) · weights."""
+    def loss(x):
+        return (attention(x) * weights).sum()
+
+    value, (dx, dws) = ms.jit(ms.value_and_grad(loss, 0, attention.trainable_params()))(x)
+    return [value.asnumpy(), dx.asnumpy()] + [g.asnumpy() for g in dws]
+
+
+def test_head_split_and_merge_kernels_are_the_transposes_and_slices():
+    """heads_split against numpy's transpose and slices, forward and gradient (the gradient of q, k, v written back
+    into the fused (B, T, H + 2KV, D) layout); swap_middle_axes against numpy (its gradient is itself)."""
+    h, kv = 4, 2
+    qkv = np.random.default_rng(10).standard_normal((2, 5, h + 2 * kv, 3)).astype(np.float32)
+    heads = qkv.transpose(0, 2, 1, 3)
+    expected = heads[:, :h], heads[:, h:h + kv], heads[:, h + kv:]
+    split = cpu_kernels.op("heads_split", h, kv)
+    for got, want in zip(split(ms.Tensor(qkv)), expected):
+        assert np.array_equal(got.asnumpy(), want)  # a copy: bit for bit
+    dq, dk, dv = (np.random.default_rng(11 + i).standard_normal(e.shape).astype(np.float32) for i, e in
+                  enumerate(expected))
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # one op's gradient: no graph to compile
+    try:
+        def weighted(x):
+            q, k, v = split(x)
+            return (q * ms.Tensor(dq)).sum() + (k * ms.Tensor(dk)).sum() + (v * ms.Tensor(dv)).sum()
+
+        grad = ms.grad(weighted)(ms.Tensor(qkv)).asnumpy()
+    finally:
+        ms.set_context(mode=mode)
+    assert np.array_equal(grad, np.concatenate([dq, dk, dv], 1).transpose(0, 2, 1, 3))
+    swapped = cpu_kernels.op("swap_middle_axes")(ms.Tensor(heads)).asnumpy()
+    assert np.array_equal(swapped, qkv)
+
+
+@pytest.mark.slow  # compiles four attention layers with their gradients (~3 s idle); the kernels alone are above
+@pytest.mark.parametrize("kv_heads,rope", [(4, None), (2, 10000.0)], ids=["mha", "gqa-rope"])
+def test_fused_attention_matches_the_composition(kv_heads, rope):
+    """The causal-softmax and head split/merge kernels against MindSpore's mask add, Softmax, Transpose and slices:
+    forward, input gradient and every weight gradient."""
+    from ms_llm.nn.attention import CausalSelfAttention
+
+    rng = np.random.default_rng(4)
+    x = ms.Tensor(rng.standard_normal((3, 16, 64)).astype(np.float32))
+    weights = ms.Tensor(rng.standard_normal((3, 16, 64)).astype(np.float32))
+    results = []
+    for backend in (Backend("CPU", cpu_kernels=True), Backend("CPU")):
+        ms.set_seed(0)
+        attention = CausalSelfAttention(64, 4, kv_heads, 16, rope_theta=rope, backend=backend)
+        assert attention.fused_heads == attention.core.fused == backend.cpu_kernels
+        results.append(attention_grads(attention, x, weights))
+    for fused, plain in zip(*results):
+        np.testing.assert_allclose(fused, plain, rtol=RTOL, atol=ATOL)
+
+
+def test_a_sliding_window_is_masked_with_the_fused_kernels_on():
+    """The causal-softmax kernel knows only the triangle: with a sliding window (Mistral) the core keeps the mask
+    add, so kernels on and off give the same windowed attention."""
+    from ms_llm.nn.attention import CausalSelfAttention
+
+    x = ms.Tensor(np.random.default_rng(9).standard_normal((2, 16, 32)).astype(np.float32))
+    outputs = []
+    mode = ms.get_context("mode")
+    ms.set_context(mode=ms.PYNATIVE_MODE)  # forward only: op by op, no graph to compile
+    try:
+        for backend in (Backend("CPU", cpu_kernels=True), Backend("CPU")):
+            ms.set_seed(0)
+            outputs.append(CausalSelfAttention(32, 2, 2, 16, backend=backend, window=4)(x).asnumpy())
+    finally:
+        ms.set_context(mode=mode)
+    np.testing.assert_allclose(outputs[0], outputs[1], rtol=RTOL, atol=ATOL)
+
+
+def test_causal_softmax_masks_exactly_and_its_gradient_matches():
+    op = cpu_kernels.op("causal_softmax")
+    scores = np.random.default_rng(6).standard_normal((2, 3, 5, 5)).astype(np.float32) * 4
+    p = op(ms.Tensor(scores)).asnumpy()
+    masked = scores + np.triu(np.full((5, 5), -np.inf, np.float32), 1)
+    ref = np.exp(masked - masked.max(-1, keepdims=True))
+    ref /= ref.sum(-1, keepdims=True)
+    np.testing.assert_allclose(p, ref, rtol=1e-6, atol=1e-7)
+    assert (p[..., np.triu_indices(5, 1)[0], np.triu_indices(5, 1)[1]] == 0).all()  # exactly 0, like the -1e9 mask
+    dy = np.random.default_rng(7).standard_normal(p.shape).astype(np.float32)
+    dx = cpu_kernels.op("causal_softmax_grad")(ms.Tensor(p), ms.Tensor(dy)).asnumpy()
+    np.testing.assert_allclose(dx, p * (dy - (dy * p).sum(-1, keepdims=True)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.slow  # compiles two whole decoder layers with their gradients (~3 s idle)
+def test_selective_recompute_by_custom_bprop_is_bit_identical():
+    """ms_llm's selective recompute on CPU (the attention probabilities and GELU's output rebuilt in the backward by
+    the same kernels) changes no bit of the layer's output or gradients."""
+    from ms_llm.nn import CausalSelfAttention, DecoderLayer, GeluMLP
+
+    backend = Backend("CPU", cpu_kernels=True)
+    rng = np.random.default_rng(8)
+    x = ms.Tensor(rng.standard_normal((2, 16, 32)).astype(np.float32))
+    weights = ms.Tensor(rng.standard_normal((2, 16, 32)).astype(np.float32))
+    results = []
+    for select in (False, True):
+        ms.set_seed(0)
+        layer = DecoderLayer(LayerNorm(32, backend=backend), CausalSelfAttention(32, 2, 2, 16, bias=True, backend=backend),
+                             LayerNorm(32, backend=backend), GeluMLP(32, 128, True, 0.02, 0.02, backend=backend))
+        if select:
+            layer.attention.core.recompute()
+            layer.mlp.act.recompute()
+            assert layer.attention.core.recompute_probs and layer.mlp.act.recompute_output
+        results.append(attention_grads(layer, x, weights))
+    assert len(results[0]) == 2 + 12  # output, dx, 12 weights and biases
+    for a, b in zip(*results):
+        assert np.array_equal(a, b)

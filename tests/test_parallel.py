@@ -242,7 +242,9 @@ s = open_session(cfg, echo=lambda *a: None)
 print("LOSSES", [float(s.train_step()[0].asnumpy()) for _ in range(4)])
 final = sorted(glob.glob(os.path.join(out, "**", "*execute*.ir"), recursive=True), key=os.path.getmtime)[-1]
 text = open(final).read()
-print("COUNTS", text.count("Sigmoid("), text.count("Softmax("))
+lines = text.splitlines()
+print("COUNTS", text.count("Sigmoid("), text.count("Softmax("), sum("GeluTanhFwd" in l for l in lines),
+      sum("CausalSoftmaxFwd" in l for l in lines))
 """
 
 
@@ -253,18 +255,24 @@ def test_recompute_shows_in_the_compiled_graph_and_keeps_the_losses(dataset, tmp
                               capture_output=True, text=True, env=dict(os.environ, GLOG_v="3"), timeout=300)
         assert proc.returncode == 0, proc.stderr[-2000:]
         lines = dict(l.split(" ", 1) for l in proc.stdout.splitlines() if l.startswith(("LOSSES", "COUNTS")))
-        gelu_sigmoids, softmaxes = map(int, lines["COUNTS"].split())
-        return lines["LOSSES"], gelu_sigmoids, softmaxes
+        gelu_sigmoids, softmaxes, fused_gelus, fused_softmaxes = map(int, lines["COUNTS"].split())
+        return lines["LOSSES"], gelu_sigmoids, softmaxes, fused_gelus, fused_softmaxes
 
     plain = "context.cpu_kernels=false"  # the composed GELU shows up as Sigmoid nodes that can be counted
-    base_losses, base_gelu, base_softmax = probe("none", plain)
-    full_losses, full_gelu, full_softmax = probe("full", plain, "recompute_config.recompute=true")
-    sel_losses, sel_gelu, sel_softmax = probe("select", "recompute_config.select_recompute=true")
-    mixed_losses, mixed_gelu, mixed_softmax = probe("mixed", plain, "recompute_config.recompute=[1]")
+    base_losses, base_gelu, base_softmax, _, _ = probe("none", plain)
+    full_losses, full_gelu, full_softmax, _, _ = probe("full", plain, "recompute_config.recompute=true")
+    sel_losses, sel_gelu, sel_softmax, _, _ = probe("select", plain, "recompute_config.select_recompute=true")
+    mixed_losses, mixed_gelu, mixed_softmax, _, _ = probe("mixed", plain, "recompute_config.recompute=[1]")
     assert base_softmax == 2 and base_gelu == 2  # two layers, each op once in the forward
     assert base_losses == full_losses == sel_losses  # recompute changes memory, never the numbers
     assert full_gelu == 2 * base_gelu and full_softmax == 2 * base_softmax  # every layer's forward runs twice
     assert sel_gelu == 2 * base_gelu and sel_softmax == 2 * base_softmax  # the selected ops run twice
+    # with the fused CPU kernels, selective recompute is the kernels' own backward running them again
+    kernel_losses, _, _, kernel_gelu, kernel_softmax = probe("kernels")
+    kernel_sel_losses, _, _, sel_kernel_gelu, sel_kernel_softmax = probe("kernels_select",
+                                                                        "recompute_config.select_recompute=true")
+    assert kernel_gelu == kernel_softmax == 2 and sel_kernel_gelu == sel_kernel_softmax == 4
+    assert kernel_sel_losses == kernel_losses
     # layers that recompute differently do not share one reused (lazy_inline) graph: only layer 0 recomputes
     assert mixed_losses == base_losses and mixed_gelu == 3 and mixed_softmax == 3
 

@@ -95,18 +95,28 @@ def test_korthikanti_formula_on_a_small_hand_case():
 
 
 def test_generalised_units_reduce_to_the_paper_for_gpt_and_adjust_for_swiglu_and_gqa():
+    # With dropout, a GPT layer is the paper's: 34 + 5·a·s/h, split, sequence-parallel and fully recomputed alike
     gpt = shape_of("model.arch=gpt2", "model.num_layers=2", "model.hidden_size=16", "model.num_heads=4",
-                   "model.seq_length=8", "model.vocab_size=64")
+                   "model.seq_length=8", "model.vocab_size=64", "model.dropout=0.1")
     for t in (1, 2, 4):
         for sp in (False, True):
-            for rc in ("none", "selective", "full"):
+            for rc in ("none", "full"):
                 units, _ = layer_activation_units(gpt, t, sp and t > 1, rc)
                 assert units * 8 * 2 * 16 == pytest.approx(korthikanti_layer_bytes(8, 2, 16, 4, t, sp and t > 1, rc))
-    # Llama layer: h 16, a 4, kv 2, f 48: 10 + (Q 2 + K,V 2·2·(2/4) + out 2 + SwiGLU 8·48/16) + 5·4·8/16
+    # ms_llm's selective recompute also recomputes the MLP activation: the paper's selective less GELU's output 2·f/h
+    assert layer_activation_units(gpt, 1, False, "selective")[0] == 34 - 8
+    # Without dropout (ms_llm's default): no masks (−2) and, in float32, the softmax output alone (2·a·s/h): this
+    # is 16 + a·s/h float32 tensors of s·b·h, what ms-llm benchmark --memory measures on CPU
+    plain = replace(gpt, dropout=0.0)
+    units, txt = layer_activation_units(plain, 1, False, "none", compute_dtype="float32")
+    assert units == 8 + 4 + 4 + 16 + 2 * 4 * 8 / 16 == 2 * (16 + 4 * 8 / 16) and "2·a·s/h" in txt
+    assert layer_activation_units(plain, 1, False, "none", compute_dtype="bfloat16")[0] == 32 + 3 * 4 * 8 / 16
+    # Llama layer (no dropout): h 16, a 4, kv 2, f 48: 8 + (Q 2 + K,V 2·2·(2/4) + out 2 + SwiGLU 8·48/16) + 3·4·8/16
     llama = shape_of("model.arch=llama", "model.num_layers=2", "model.hidden_size=16", "model.num_heads=4",
                      "model.num_kv_heads=2", "model.ffn_hidden_size=48", "model.seq_length=8", "model.vocab_size=64")
-    assert layer_activation_units(llama, 1, False, "none")[0] == 10 + (4 + 2 + 24) + 10 == 50
-    assert layer_activation_units(llama, 1, False, "none", flash=True)[0] == 40  # no s×s scores kept
+    assert layer_activation_units(llama, 1, False, "none")[0] == 8 + (4 + 2 + 24) + 6 == 44
+    assert layer_activation_units(llama, 1, False, "none", flash=True)[0] == 38  # no s×s scores kept
+    assert layer_activation_units(llama, 1, False, "selective")[0] == 8 + (4 + 2 + 12) == 26  # gate|up kept
 
 
 def test_recompute_reduces_activations():
@@ -116,7 +126,8 @@ def test_recompute_reduces_activations():
     assert act["full"] < act["none"] / 10
     flash = {rc: activations(stage_memory(shape, layout(recompute=rc, flash_attention=True), 0))
              for rc in ("none", "selective", "full")}
-    assert flash["none"] == flash["selective"] == act["selective"] > flash["full"]
+    # flash attention keeps no scores, like selective recompute; ms_llm's selective also recomputes the MLP activation
+    assert flash["none"] > flash["selective"] == act["selective"] > flash["full"]
 
 
 def test_sequence_parallel_divides_layer_activations_by_t():
@@ -347,3 +358,44 @@ def test_device_memory_units():
     assert parse_memory("64GB") == parse_memory("64 GiB") == parse_memory("64") == 64.0
     assert parse_memory("512MB") == 0.5 and 64 * GIB == parse_memory("64g") * GIB
     assert total_bytes([]) == 0
+
+
+# -- the terms learned from ms-llm benchmark --memory ---------------------------------------------------
+
+def test_cpu_target_adds_the_measured_runtime_terms_and_float32_activations():
+    from ms_llm.parallel.memory import (CPU_COMPILED_BYTES, CPU_COMPILED_LAYER_BYTES, CPU_RUNTIME_BYTES, MIB,
+                                        planned_by_kind)
+
+    shape = shape_of("model.preset=tiny-gpt2", "model.num_layers=4", "model.hidden_size=128", "model.num_heads=4",
+                     "model.seq_length=256", "model.vocab_size=32000")
+    cpu = layout(dp=1, micro_batch_size=12, global_batch=12, compute_dtype="float32", target="CPU",
+                 loss_chunk_tokens=1024)
+    kinds = planned_by_kind(t.as_dict() for t in stage_memory(shape, cpu, 0))
+    assert kinds["runtime baseline"] == CPU_RUNTIME_BYTES
+    assert kinds["compiled graphs"] == CPU_COMPILED_BYTES + 4 * CPU_COMPILED_LAYER_BYTES
+    sbh = 256 * 12 * 128
+    assert kinds["activations"] == 4 * sbh * 4 * (16 + 4 * 256 / 128)  # 16 + a·s/h float32 tensors of s·b·h
+    assert kinds["activations"] == pytest.approx(144 * MIB, rel=0.01)  # measured 145 MiB at vocabulary 66
+    assert kinds["logits"] == 1024 * 32000 * 8  # one chunk: float32 logits and their gradient
+    whole = planned_by_kind(t.as_dict() for t in stage_memory(shape, replace(cpu, loss_chunk_tokens=0), 0))
+    assert whole["logits"] == 256 * 12 * 32000 * 4 * 18  # MindSpore's autodiff of ops.cross_entropy, measured
+    ascend = planned_by_kind(t.as_dict() for t in stage_memory(shape, replace(cpu, target="Ascend"), 0))
+    assert "runtime baseline" not in ascend and ascend["logits"] == 1024 * 32000 * (12 + 2 * 4)
+
+
+def test_the_chunked_loss_is_planned_only_where_the_session_uses_it():
+    shape = shape_of("model.preset=llama2-7b")
+    plain = layout(dp=8, loss_chunk_tokens=1024)
+    assert term(stage_memory(shape, plain, 0), "logits") == 1024 * 32000 * (12 + 2 * 2)
+    for semi_auto in (dict(optimizer_shard=True), dict(dp=4, mp=2)):  # semi-auto parallel: whole logits
+        lay = layout(loss_chunk_tokens=1024, **semi_auto)
+        assert lay.loss_chunk == 0
+        assert term(stage_memory(shape, lay, 0), "logits") == 4096 * 32000 * (2 + 4)  # vocab_emb_dp: whole V
+
+
+def test_accumulating_micro_batches_keeps_float32_gradient_buffers():
+    shape = shape_of("model.preset=llama2-7b")
+    one = stage_memory(shape, layout(dp=8, global_batch=8), 0)
+    eight = stage_memory(shape, layout(dp=8, global_batch=64), 0)
+    assert not [t for t in one if t.name.startswith("gradient accumulation")]
+    assert term(eight, "gradient accumulation buffers") == pytest.approx(4 * LLAMA2_7B_PARAMS)

@@ -145,6 +145,9 @@ class TrainConfig:
     log_interval: int = opt(10, "steps between log lines")
     eval_interval: int = opt(250, "steps between validation passes (0: only at the end)")
     eval_steps: int = opt(200, "validation batches of global_batch_size samples per pass (capped at the split size)")
+    loss_chunk_tokens: int = opt(1024, "LM head + cross-entropy over this many tokens at a time (forward and "
+                                       "backward), so only one chunk's float32 logits exist; equal to the whole "
+                                       "loss within float32 rounding (0: the whole (tokens, vocab) logits at once)")
     anomaly: Optional[AnomalyConfig] = opt(None, "anomaly guard: skip spiking updates, roll back after repeated "
                                                  "non-finite steps (null: off; true: defaults)")
 
@@ -270,8 +273,9 @@ class ContextConfig:
     num_threads: Optional[int] = opt(None, "CPU kernel threads (null: MindSpore default)")
     compile_cache: bool = opt(True, "reuse compiled graphs of an identical config+code from "
                                     "~/.cache/ms_llm/compile (restarts, resumes and benchmarks skip compilation)")
-    cpu_kernels: bool = opt(True, "on CPU, fused C++ kernels for GELU, LayerNorm and the gradient norm "
-                                  "(compiled with g++ at first use; plain MindSpore ops if that fails)")
+    cpu_kernels: bool = opt(True, "on CPU, fused C++ kernels for GELU, LayerNorm, the gradient norm, attention's "
+                                  "causal softmax and head layout, and the chunked loss (compiled with g++ at "
+                                  "first use; plain MindSpore ops if that fails)")
 
 
 @dataclass(frozen=True)

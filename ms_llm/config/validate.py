@@ -83,6 +83,9 @@ def validate_config(cfg):
         raise UserError(f"train.global_batch_size = {t.global_batch_size} is not divisible by "
                         f"train.micro_batch_size = {t.micro_batch_size}. The global batch is split into micro-batches "
                         f"(accumulation steps × data-parallel ranks); make it a multiple of the micro batch.")
+    if t.loss_chunk_tokens < 0:
+        raise UserError(f"train.loss_chunk_tokens = {t.loss_chunk_tokens} must be >= 0: the tokens per chunk of the "
+                        f"LM head and loss (e.g. 1024), or 0 for the whole logits at once.")
     if p.init_scale <= 0 or p.scale_factor <= 1:
         raise UserError(f"precision.init_scale = {p.init_scale} must be > 0 and precision.scale_factor = "
                         f"{p.scale_factor} must be > 1.")

@@ -24,10 +24,15 @@ class GeluTanh(nn.Cell):
         super().__init__()
         self.op = backend.kernel("gelu_tanh") if compute_dtype == ms.float32 else None
         self.fused = self.op is not None
+        self.recompute_output = False  # set by recompute() with the fused kernels: the MLP recomputes it (GeluMLP)
 
     def recompute(self, **kwargs):
-        """MindSpore does not recompute custom AOT ops, so a recomputed GELU uses the composition."""
-        self.fused = False
+        """Selective recompute. With the fused kernels the MLP recomputes the output in its down projection's
+        backward (GeluDown); otherwise MindSpore's recompute, which does not recompute custom AOT ops, so a
+        recomputed GELU then uses the composition."""
+        if self.fused:
+            self.recompute_output = True
+            return self
         return super().recompute(**kwargs)
 
     def construct(self, x):

@@ -59,6 +59,39 @@ class DocumentMask(nn.Cell):
         return bias.expand_dims(1), positions
 
 
+class ProbsRecomputedCore(nn.Cell):
+    """softmax(q kᵀ·scale, causal) v whose backward recomputes the probabilities from q and k instead of keeping
+    them: selective recompute on CPU. MindSpore's Cell.recompute() on the CPU backend keeps more than it
+    saves there (benchmarks/cpu_recompute_memory.py), so the core's backward is written out with the fused
+    kernels. Inputs: q (B, H, T, D) compute dtype, k and v with the heads already repeated for GQA."""
+
+    def __init__(self, scale, compute_dtype, backend):
+        super().__init__()
+        self.scale, self.dtype = scale, compute_dtype
+        self.softmax = backend.kernel("causal_softmax")
+        self.softmax_grad = backend.kernel("causal_softmax_grad")
+        self.qk = ops.BatchMatMul(transpose_b=True)
+        self.pv = ops.BatchMatMul()
+        self.grad_a = ops.BatchMatMul(transpose_a=True)
+
+    def probs(self, q, k):
+        return self.softmax(self.qk(q * self.scale, k).astype(ms.float32))
+
+    def construct(self, q, k, v):
+        return self.pv(self.probs(q, k).astype(self.dtype), v)
+
+    def bprop(self, q, k, v, out, dout):
+        # recomputed once the backward reaches this layer: without the dependency on dout the runtime would run it
+        # as soon as q and k exist, in the forward pass, and keep it as long as the probabilities it replaces
+        q = ops.depend(q, dout)
+        p = self.probs(q, k)
+        dv = self.grad_a(p.astype(self.dtype), dout)
+        dscores = self.softmax_grad(p, self.qk(dout, v).astype(ms.float32)).astype(self.dtype)
+        dq = self.pv(dscores, k) * self.scale
+        dk = self.grad_a(dscores, q * self.scale)
+        return dq, dk, dv
+
+
 class AttentionCore(nn.Cell):
     """softmax(q k^T / sqrt(d) + causal mask) v on (B, H, T, D) heads: the part selective recompute
     recomputes and tensor parallelism splits by head. Its primitives are attributes so that
@@ -81,7 +114,25 @@ class AttentionCore(nn.Cell):
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
         self.softmax = ops.Softmax(-1)
+        # CPU: mask and softmax in one kernel, and one for its backward. MindSpore's mask add and SoftmaxGrad
+        # kept ~6 score-sized (B, H, T, T) temporaries per layer in backward (docs/performance.md, memory).
+        # The kernel knows only the causal triangle: a sliding window takes the mask add.
+        self.causal_softmax = None if self.flash or window is not None else backend.kernel("causal_softmax")
+        self.fused = self.causal_softmax is not None
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.recomputed = ProbsRecomputedCore(self.scale, compute_dtype, backend) if self.fused and not dropout \
+            else None
+        self.recompute_probs = False
+
+    def recompute(self, **kwargs):
+        """Selective recompute. With the fused CPU kernels (and no dropout, whose mask would have to be replayed) the
+        probabilities are recomputed by ProbsRecomputedCore's own backward; otherwise by MindSpore's recompute,
+        which does not recompute custom AOT ops, so the core then uses the composition."""
+        if self.recomputed is not None:
+            self.recompute_probs = True
+            return self
+        self.fused = False
+        return super().recompute(**kwargs)
 
     def scores(self, q, k, documents=None):
         """Masked attention logits in float32. q is scaled before the matmul so that float16 scores
@@ -101,8 +152,13 @@ class AttentionCore(nn.Cell):
             b, kv, t, d = k.shape
             k = ops.broadcast_to(k.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
             v = ops.broadcast_to(v.reshape(b, kv, 1, t, d), (b, kv, self.groups, t, d)).reshape(b, -1, t, d)
-        probs = self.dropout(self.softmax(self.scores(q, k, documents))).astype(self.dtype)
-        return self.pv(probs, v)
+        if documents is None and self.recompute_probs:
+            return self.recomputed(q, k, v)
+        if documents is None and self.fused:  # causal mask applied inside the kernel
+            probs = self.causal_softmax(self.qk(q * self.scale, k).astype(ms.float32))
+        else:  # packed documents: their bias is added to the mask (the kernel knows only the causal triangle)
+            probs = self.softmax(self.scores(q, k, documents))
+        return self.pv(self.dropout(probs).astype(self.dtype), v)
 
 
 class CausalSelfAttention(nn.Cell):
@@ -131,16 +187,28 @@ class CausalSelfAttention(nn.Cell):
                                   window)
         self.flash = self.core.flash
         self.resid_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        # CPU, float32: heads split and merged by copy kernels. MindSpore's CPU Transpose keeps an int64 index
+        # table of twice its input's size per kernel from compile time on, and the q/k/v slices' backward
+        # writes three zero-padded full-size gradients that are then added (docs/performance.md, memory).
+        fp32 = compute_dtype == ms.float32
+        self.split_heads = backend.kernel("heads_split", num_heads, num_kv_heads) if fp32 else None
+        self.merge_heads = backend.kernel("swap_middle_axes") if fp32 else None
+        self.fused_heads = self.split_heads is not None
 
     def construct(self, x, documents=None, positions=None):
         """`documents`, `positions`: DocumentMask's outputs for packed samples (None: one sequence per row)."""
         b, t, _ = x.shape
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
-        qkv = self.qkv(x).reshape(b, t, h + 2 * kv, d).transpose(0, 2, 1, 3)  # (B, H+2KV, T, D)
-        q, k, v = qkv[:, :h], qkv[:, h:h + kv], qkv[:, h + kv:]
+        qkv = self.qkv(x).reshape(b, t, h + 2 * kv, d)
+        if self.fused_heads:
+            q, k, v = self.split_heads(qkv)
+        else:
+            qkv = qkv.transpose(0, 2, 1, 3)  # (B, H+2KV, T, D)
+            q, k, v = qkv[:, :h], qkv[:, h:h + kv], qkv[:, h + kv:]
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
             q, k = self.rope(q, positions), self.rope(k, positions)
-        y = self.core(q, k, v, documents).transpose(0, 2, 1, 3).reshape(b, t, h * d)
-        return self.resid_dropout(self.out(y))
+        y = self.core(q, k, v, documents)
+        y = self.merge_heads(y) if self.fused_heads else y.transpose(0, 2, 1, 3)
+        return self.resid_dropout(self.out(y.reshape(b, t, h * d)))

@@ -15,13 +15,14 @@ class Backend:
     def ascend(self):
         return self.target == "Ascend"
 
-    def kernel(self, name):
-        """The fused CPU kernel `name`, or None when this backend does not use them."""
+    def kernel(self, name, *args):
+        """The fused CPU kernel `name` (built for `args` where it has any), or None when this backend does not use
+        them."""
         if not self.cpu_kernels:
             return None
         from ms_llm.nn import cpu_kernels
 
-        return cpu_kernels.op(name)
+        return cpu_kernels.op(name, *args)
 
 
 PORTABLE = Backend()

@@ -1,10 +1,30 @@
 """Feed-forward blocks: GELU MLP (GPT-2) and SwiGLU (Llama)."""
 import mindspore as ms
-from mindspore import nn
+from mindspore import nn, ops
 
 from ms_llm.nn.activations import GeluTanh, silu
 from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.linear import Linear
+
+
+class GeluDown(nn.Cell):
+    """down(gelu(u)) without keeping gelu(u): the backward recomputes it from u (selective recompute with the
+    fused CPU kernels; float32). Inputs: u (rows, ffn), the down projection's weight (hidden, ffn)."""
+
+    def __init__(self, backend):
+        super().__init__()
+        self.gelu = backend.kernel("gelu_tanh")
+        self.gelu_grad = backend.kernel("gelu_tanh_grad")
+        self.matmul = ops.MatMul(transpose_b=True)
+        self.grad_x = ops.MatMul()
+        self.grad_w = ops.MatMul(transpose_a=True)
+
+    def construct(self, u, weight):
+        return self.matmul(self.gelu(u), weight)
+
+    def bprop(self, u, weight, out, dout):
+        u = ops.depend(u, dout)  # recompute in the backward, not as soon as u exists (see ProbsRecomputedCore)
+        return self.gelu_grad(u, self.grad_x(dout, weight)), self.grad_w(dout, self.gelu(u))
 
 
 class GeluMLP(nn.Cell):
@@ -14,9 +34,16 @@ class GeluMLP(nn.Cell):
         self.up = Linear(hidden, ffn, bias, init_std, compute_dtype)
         self.down = Linear(ffn, hidden, bias, out_std, compute_dtype)
         self.act = GeluTanh(compute_dtype, backend)
+        self.act_down = GeluDown(backend) if self.act.fused else None
         self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
 
     def construct(self, x):
+        if self.act.recompute_output:  # selective recompute: GELU's output is rebuilt in the backward
+            u = self.up(x)
+            y = self.act_down(u.reshape(-1, u.shape[-1]), self.down.weight)
+            if self.down.has_bias:
+                y = y + self.down.bias
+            return self.dropout(y.reshape(x.shape[:-1] + (y.shape[-1],)))
         return self.dropout(self.down(self.act(self.up(x))))
 
 

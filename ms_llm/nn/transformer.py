@@ -153,9 +153,13 @@ class CausalLM(nn.Cell):
         states, aux, stats = self.run_layers(ids)
         return self.logits(states[-1]), aux, ops.stack(stats)
 
+    def head_weight(self):
+        """The LM head's (vocab, hidden) float32 weight: the token embedding when tied."""
+        return self.embedding if self.tie else self.lm_head
+
     def logits(self, x):
         """(B, T, hidden) final-norm output → (B, T, vocab) float32 logits."""
-        return self.head(x, self.embedding if self.tie else self.lm_head)
+        return self.head(x, self.head_weight())
 
     def construct(self, ids, segments=None):
         return self.logits(self.hidden_states(ids, segments)[-1])

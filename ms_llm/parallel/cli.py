@@ -30,6 +30,10 @@ def add_parsers(subparsers):
     p.add_argument("--flash-attention", choices=("auto", "on", "off"), default="auto",
                    help="model Ascend's fused attention (no s×s scores kept). auto: as ms_llm decides — on for "
                         "16-bit compute, head size a multiple of 16 and no dropout")
+    p.add_argument("--target", choices=("Ascend", "CPU"), default="Ascend",
+                   help="the device kind the memory terms are for: Ascend (device memory; default) or CPU (host "
+                        "memory: adds the measured MindSpore runtime and compiled-graph terms, float32 on CPU "
+                        "without flash attention; compare with ms-llm benchmark --memory)")
     p.add_argument("--search", action="store_true", help="rank every valid layout that fits by tokens/s")
     p.add_argument("--top", type=int, default=5, help="with --search: how many layouts to print (default 5)")
     p.add_argument("--json", action="store_true", help="print one JSON object with all the numbers, last line")
@@ -47,7 +51,7 @@ def cmd_plan(args):
     cfg = load_config(args.config, args.overrides)
     cluster = cluster_from_args(args, cfg)
     flash = {"auto": None, "on": True, "off": False}[args.flash_attention]
-    layout, _ = planner.layout_from_config(cfg, cluster.devices, cluster.devices_per_node, flash)
+    layout, _ = planner.layout_from_config(cfg, cluster.devices, cluster.devices_per_node, flash, args.target)
     shape = ModelShape.from_config(cfg.model)
     if args.devices is None and cfg.parallel_config.data_parallel is None and not args.json:
         print(f"note: --devices not given and parallel_config.data_parallel is null: planning {cluster.devices} "

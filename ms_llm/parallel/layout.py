@@ -236,12 +236,12 @@ def invalid_reasons(shape, layout, devices, check_batch=True):
     return reasons
 
 
-def flash_attention_default(cfg):
+def flash_attention_default(cfg, target="Ascend"):
     """Whether ms_llm would use Ascend's FlashAttentionScore: the rule of ms_llm/nn/attention.py
-    (16-bit compute, head size a multiple of 16, no dropout), the device assumed to be Ascend."""
+    (Ascend, 16-bit compute, head size a multiple of 16, no dropout)."""
     m = cfg.model
-    return (cfg.precision.compute_dtype in ("float16", "bfloat16") and (m.hidden_size // m.num_heads) % 16 == 0
-            and m.dropout == 0)
+    return (target == "Ascend" and cfg.precision.compute_dtype in ("float16", "bfloat16")
+            and (m.hidden_size // m.num_heads) % 16 == 0 and m.dropout == 0)
 
 
 def lora_fields(cfg):
@@ -250,9 +250,11 @@ def lora_fields(cfg):
     return {"lora_rank": lora.rank, "lora_targets": tuple(lora.targets)} if lora else {}
 
 
-def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_NODE, flash_attention=None):
+def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_NODE, flash_attention=None,
+                       target="Ascend"):
     """(Layout, devices) for a loaded Config. devices: --devices, else dp·mp·pp, else one node.
-    flash_attention: None = ms_llm's own rule (`flash_attention_default`)."""
+    flash_attention: None = ms_llm's own rule (`flash_attention_default`); target: Ascend or CPU (the device
+    kind the memory terms are for)."""
     pc, rc = cfg.parallel_config, cfg.recompute_config
     if devices is not None and devices <= 0:
         raise UserError(f"--devices = {devices} must be a positive number of devices, e.g. --devices 8.")
@@ -274,8 +276,8 @@ def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_N
                     full_recompute_layers=full_layers, stage_layers=tuple(pc.stage_layers or ()),
                     vocab_emb_dp=pc.vocab_emb_dp, ep=pc.expert_parallel,
                     compute_dtype=cfg.precision.compute_dtype,
-                    flash_attention=flash_attention_default(cfg) if flash_attention is None else flash_attention,
-                    **lora_fields(cfg))
+                    flash_attention=flash_attention_default(cfg, target) if flash_attention is None else flash_attention,
+                    loss_chunk_tokens=cfg.train.loss_chunk_tokens, target=target, **lora_fields(cfg))
     return layout, devices  # when devices is no multiple of mp·pp, invalid_reasons names the mismatch
 
 

@@ -30,17 +30,17 @@ def lora_terms(terms, shape, layout, layers, Term):
             full = t.bytes
             t = Term(f"gradients, fp32 (LoRA adapters; base frozen)", FP32_BYTES * n / shard,
                      f"4 B × {n:,} adapter params{f' ÷ {shard}' if shard > 1 else ''} (full fine-tuning: "
-                     f"{full / 2 ** 30:.2f} GiB)")
+                     f"{full / 2 ** 30:.2f} GiB)", "gradients")
         elif t.name.startswith("optimizer states"):
             full = t.bytes
             t = Term(f"optimizer states, AdamW (LoRA adapters)", ADAMW_STATE_BYTES * n / shard,
                      f"8 B × {n:,} adapter params{f' ÷ {shard}' if shard > 1 else ''} (full fine-tuning: "
-                     f"{full / 2 ** 30:.2f} GiB)")
+                     f"{full / 2 ** 30:.2f} GiB)", "optimizer states")
         out.append(t)
         if t.name.startswith("weights, fp32 master"):
             out.append(Term(f"LoRA adapters, fp32 (rank {layout.lora_rank})", FP32_BYTES * n,
                             f"4 B × {layers} layers × r·(in + out) summed over {', '.join(layout.lora_targets)} "
-                            f"= {n:,} params"))
+                            f"= {n:,} params", "weights"))
     return out
 
 

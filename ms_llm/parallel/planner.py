@@ -184,19 +184,23 @@ def flops_per_token(shape, layout):
     """Training FLOPs per token a device executes, with the formula: 6·N + 12·L·h·s (PaLM appendix B),
     × 4/3 on the layers fully recomputed (one more forward), + 4·L·h·s per selectively recomputed layer
     (QKᵀ and attention·V forward again). With causal flash attention the kernel skips the masked half of
-    the s×s blocks, so attention costs 6·L·h·s, plus 1·L·h·s for the QKᵀ its backward recomputes."""
+    the s×s blocks, so attention costs 6·L·h·s, plus 1·L·h·s for the QKᵀ its backward recomputes, plus
+    2·L·h·s per selectively recomputed layer (its causal forward again). (The MLP activation that selective
+    recompute also rebuilds is element-wise: no matmul FLOPs.)"""
     n = shape.matmul_params()
     L, h, s = shape.num_layers, shape.attention_width, shape.seq  # h: heads × head_dim (= hidden unless set apart)
     full, selective = recompute_share(shape, layout)
     flash = layout.flash_attention
     attention = (6 if flash else 12) * L * h * s
-    extra = L * h * s if flash else 4 * selective * L * h * s
+    extra = (1 + 2 * selective) * L * h * s if flash else 4 * selective * L * h * s
     total = (6 * n + attention) * (1 + full / 3) + extra
     txt = f"6·{n:,} + {6 if flash else 12}·{L}·{h}·{s}"
     if full:
         txt = f"({txt}) × (1 + {full:g}/3)"
     if flash:
         txt += f" + {L}·{h}·{s} (flash attention: causal half, QKᵀ recomputed)"
+        if selective:
+            txt += f" + 2·{selective:g}·{L}·{h}·{s} (recomputed forward)"
     elif selective:
         txt += f" + 4·{selective:g}·{L}·{h}·{s}"
     return total, txt

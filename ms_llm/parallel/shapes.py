@@ -20,6 +20,7 @@ class ModelShape:
     vocab: int
     tied: bool
     bias: bool
+    dropout: float = 0.0  # > 0 keeps dropout masks and outputs as activations
     head_size: int = 0  # 0: hidden / heads (model.head_dim null)
     qkv_bias: bool = False  # biases on q, k, v only (Qwen2.5)
     qk_norm: bool = False  # RMSNorm over each head's q and k (Qwen3)
@@ -49,7 +50,7 @@ class ModelShape:
                        shared_gate=m.moe.shared_expert_gate, capacity_factor=m.moe.capacity_factor or 0.0)
         return cls(m.arch, m.num_layers, m.hidden_size, m.num_heads, m.num_kv_heads or m.num_heads,
                    m.ffn_hidden_size, m.seq_length, m.vocab_size, m.tie_embeddings, m.bias and m.arch == "gpt2",
-                   m.head_dim or 0, m.qkv_bias, m.qk_norm, **moe)
+                   m.dropout, m.head_dim or 0, m.qkv_bias, m.qk_norm, **moe)
 
     @property
     def moe(self):
@@ -156,6 +157,18 @@ class Layout:
     ep: int = 1  # expert parallelism: experts split over ep of the dp ranks (tokens reach them by all-to-all)
     lora_rank: int = 0  # finetune.lora: adapters of this rank train, the base is frozen (parallel/lora_memory.py)
     lora_targets: tuple = ()
+    loss_chunk_tokens: int = 0  # train.loss_chunk_tokens: the LM head and loss over this many tokens at a time
+    target: str = "Ascend"  # the device kind the memory terms are for: Ascend (HBM) or CPU (host memory, measured)
+
+    @property
+    def semi_auto(self):
+        """MindSpore's semi-auto parallel mode runs the step (ms_llm.parallel.layout.ParallelPlan.semi_auto)."""
+        return self.mp * self.pp > 1 or self.optimizer_shard
+
+    @property
+    def loss_chunk(self):
+        """Tokens per chunk of the LM head and loss as the session applies it: not under semi-auto parallel."""
+        return 0 if self.semi_auto else self.loss_chunk_tokens
 
     @property
     def devices(self):

@@ -2,15 +2,22 @@
 import numpy as np
 from mindspore import nn, ops
 
-from ms_llm.train.step import cross_entropy
+from ms_llm.nn.backend import PORTABLE
+from ms_llm.train.loss import ChunkedCrossEntropyLoss, cross_entropy, head_inputs
 
 
 class EvalStep(nn.Cell):
-    def __init__(self, model):
+    """ids (B, T+1) → mean token loss; chunked like the training loss when `loss_chunk` > 0."""
+
+    def __init__(self, model, loss_chunk=0, backend=PORTABLE):
         super().__init__(auto_prefix=False)
         self.model = model
+        self.chunked = loss_chunk > 0
+        self.chunked_loss = ChunkedCrossEntropyLoss(loss_chunk, model.dtype, backend) if self.chunked else None
 
     def construct(self, ids):
+        if self.chunked:
+            return self.chunked_loss(*head_inputs(self.model, ids))
         return cross_entropy(self.model(ids[:, :-1]), ids[:, 1:])
 
 

@@ -53,6 +53,7 @@ class Session:
     cache: Any = None  # compile_cache.Guard until the first step has compiled (or loaded) the step's graphs
     fresh_start: bool = True  # the step starts from the config's own initialisation (no resume, no loaded weights)
     finetune: Any = None  # train.finetune.FinetuneState: chat data (masked loss), LoRA, data.extra_val; None: plain
+    compiled: bool = False
 
     @property
     def cfg(self):
@@ -92,9 +93,21 @@ class Session:
         if self.cache is not None:
             return self.first_step(batches)
         inputs = self.step_inputs(batches)
+        if not self.compiled:
+            self.compile(inputs)
         for x in inputs[:-1]:
             self.step_fn.accumulate(*x)
         return StepOutput(*self.step_fn(*inputs[-1]))
+
+    def compile(self, inputs):
+        """Compile the step's graphs (from one step's `step_inputs`) before the first step runs, then give the
+        compiler's freed memory back to the OS, so that the step's memory does not come on top of it (CPU)."""
+        from ms_llm.train.context import release_freed_host_memory
+
+        for cell, x in zip(self.step_cells, inputs[-2:] if self.accum > 1 else inputs[-1:]):
+            cell.compile(*x)
+        self.compiled = True
+        release_freed_host_memory()
 
     def first_step(self, batches):
         """The first step under the compile cache: its graphs compiled or loaded and their binding checked, then
@@ -102,11 +115,15 @@ class Session:
         A reused entry that does not reproduce it is discarded, and the session reopens uncached — model,
         optimizer and data from their initialisation — and takes the step again: only fresh starts are checked,
         so nothing is lost. Every rank starts over, or none."""
+        from ms_llm.train.context import release_freed_host_memory
+
         guard, self.cache = self.cache, None
         probe = self.step_inputs(batches[-2:] if self.accum > 1 else batches[-1:])
         if self.finetune is not None:  # the probe counted its batches: the step counts them again
             self.finetune.loss_tokens = self.finetune.target_tokens = 0.0
         guard.check_binding(self.step_cells, probe, self.log)
+        self.compiled = True
+        release_freed_host_memory()
         before = compile_cache.fingerprint(self.step_fn) if self.fresh_start else None
         out = self.train_step(batches)
         if before is None:
@@ -193,7 +210,8 @@ def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
     else:  # under semi-auto parallel MindSpore inserts the data-parallel gradient reduction itself
         dp_reduce = 1 if semi_auto else rt.world_size
         step_fn = TrainStep(model, optimizer, cfg.precision, t.clip_grad, accum, dp_reduce, lr_table(t), t.anomaly,
-                            backend, finetune.loss_fn(model, cfg, manifest, accum, dp_reduce))
+                            backend, finetune.loss_fn(model, cfg, manifest, accum, dp_reduce),
+                            loss_chunk(cfg, parallel, log))
     model.set_train(True)
     dp, data_rank = parallel.dp, parallel.data_rank(rt.rank)
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", micro_batch, dp, data_rank, t.seed,
@@ -207,7 +225,7 @@ def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
             "different graph); evaluate the checkpoint with pipeline_stage: 1")
     finetune.load_extra_val(ft, cfg, manifest, model, t.micro_batch_size, dp, data_rank, accum)
     n_params = count_params(model)
-    eval_step = finetune.eval_step(model, cfg, manifest) or EvalStep(model)
+    eval_step = finetune.eval_step(model, cfg, manifest) or EvalStep(model, loss_chunk(cfg, parallel), backend)
     # MoE: a token computes with top_k of each MoE layer's experts, so the FLOPs count the active parameters only
     inactive = ModelShape.from_config(m).inactive_expert_params() if m.moe is not None else 0
     s = Session(resolved, rt, log, manifest, purpose, accum, model, step_fn, eval_step, data, val, n_params,
@@ -226,6 +244,20 @@ def build_session(resolved, rt, log, manifest, purpose, use_compile_cache=True):
     log(f"batch: global {t.global_batch_size} = micro {t.micro_batch_size} × {what} {parallel.accumulation} × "
         f"data-parallel {dp}; {s.tokens_per_step:,} tokens/step; device {rt.device_target}, {rt.world_size} rank(s)")
     return s
+
+
+def loss_chunk(cfg, parallel, log=None):
+    """train.loss_chunk_tokens where the chunked loss applies: not under semi-auto parallel, whose strategies shard
+    the LM head's own matmul (the chunked loss has its own, unsharded), nor on pipeline stages."""
+    chunk = cfg.train.loss_chunk_tokens
+    if chunk and cfg.model.moe is not None:
+        return 0  # the MoE loss (step.LossFn.routed_loss) adds the router's aux loss to the whole logits' loss
+    if chunk and parallel.semi_auto:
+        if log:
+            log(f"note: train.loss_chunk_tokens = {chunk} is not used under semi-auto parallel (the layout shards the "
+                f"LM head's matmul); the loss takes the whole logits")
+        return 0
+    return chunk
 
 
 def pipeline_step(model, optimizer, cfg, parallel, backend):

@@ -24,12 +24,7 @@ from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import initializer
 
 from ms_llm.nn.backend import PORTABLE
-
-
-def cross_entropy(logits, targets):
-    """Mean token cross-entropy in float32."""
-    vocab = logits.shape[-1]
-    return ops.cross_entropy(logits.reshape(-1, vocab).astype(ms.float32), targets.reshape(-1))
+from ms_llm.train.loss import ChunkedCrossEntropy, cross_entropy, head_inputs  # noqa: F401 (cross_entropy: API)
 
 
 def sum_of_squares(x, fused_op=None):
@@ -46,17 +41,24 @@ def sum_of_squares(x, fused_op=None):
 class LossFn(nn.Cell):
     """ids (B, T+1) → (loss * scale / accum, loss): the first output is differentiated, the second logged.
 
-    A model with mixture-of-experts layers (`num_moe_layers`) goes through `routed_loss` instead."""
+    A model with mixture-of-experts layers (`num_moe_layers`) goes through `routed_loss` instead. Otherwise, with
+    `loss_chunk` > 0, the LM head and cross-entropy run over that many tokens at a time (ms_llm.train.loss)."""
 
-    def __init__(self, model, accum):
+    def __init__(self, model, accum, loss_chunk=0, backend=PORTABLE):
         super().__init__(auto_prefix=False)  # keep parameter names as the model has them ("layers.0...")
         self.model = model
         self.accum = accum
         self.routed = getattr(model, "num_moe_layers", 0) > 0
+        self.chunked = loss_chunk > 0 and not self.routed
+        self.chunked_loss = ChunkedCrossEntropy(loss_chunk, model.dtype, backend) if self.chunked else None
 
     def construct(self, ids, scale):
         if self.routed:
             return self.routed_loss(ids, scale)
+        if self.chunked:
+            x, weight, targets, token_weights = head_inputs(self.model, ids)
+            scaled, loss, _, _ = self.chunked_loss(x, weight, targets, token_weights, scale / self.accum)
+            return scaled, loss
         logits = self.model(ids[:, :-1])
         loss = cross_entropy(logits, ids[:, 1:])
         return loss * scale / self.accum, loss
@@ -116,7 +118,7 @@ class TrainStep(nn.Cell):
     """The last micro-batch of a step plus the update. Returns (loss, grad_norm, code, loss_scale); code: 0 applied, 1 skipped (non-finite), 2 skipped by the anomaly guard."""
 
     def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, lr_table=None, anomaly=None,
-                 backend=PORTABLE, loss_fn=None):
+                 backend=PORTABLE, loss_fn=None, loss_chunk=0):
         super().__init__(auto_prefix=False)
         self.guard = anomaly is not None
         if self.guard:
@@ -126,7 +128,7 @@ class TrainStep(nn.Cell):
         self.weights = optimizer.params
         # fine-tuning: a loss over masked tokens (masked_loss.MaskedLossFn), whose extra inputs (token weights,
         # segment ids, mask count) follow the ids into construct and accumulate
-        self.loss_fn = loss_fn if loss_fn is not None else LossFn(model, accum)
+        self.loss_fn = loss_fn if loss_fn is not None else LossFn(model, accum, loss_chunk, backend)
         self.grad_fn = self.loss_and_grad()
         self.state = StepState(self.weights, precision, accum, lr_table, router_stats_shape(model))
         self.accumulate = AccumulateStep(self.loss_fn, self.weights, self.state) if accum > 1 else None

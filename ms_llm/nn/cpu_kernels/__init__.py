@@ -82,15 +82,20 @@ def custom(name, out_shape, out_dtype, bprop=None):
 _ops = {}
 
 
-def op(name):
-    """The Custom primitive for one fused computation (built once per process)."""
-    if name not in _ops:
-        _ops[name] = _BUILDERS[name]()
-    return _ops[name]
+def op(name, *args):
+    """The Custom primitive for one fused computation (built once per process and argument list)."""
+    key = (name,) + args
+    if key not in _ops:
+        _ops[key] = _BUILDERS[name](*args)
+    return _ops[key]
+
+
+def _gelu_tanh_grad():
+    return custom("GeluTanhBwd", lambda x, dy: x, lambda x, dy: x)
 
 
 def _gelu_tanh():
-    bwd = custom("GeluTanhBwd", lambda x, dy: x, lambda x, dy: x)
+    bwd = _gelu_tanh_grad()
 
     def bprop(x, out, dout):
         return (bwd(x, dout),)
@@ -114,4 +119,59 @@ def _sum_squares():
     return custom("SumSquares", lambda x: [1], lambda x: x)
 
 
-_BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares}
+def _causal_softmax_grad():
+    """(softmax output y, its gradient dy) → the gradient of the scores."""
+    return custom("CausalSoftmaxBwd", lambda y, dy: y, lambda y, dy: y)
+
+
+def _causal_softmax():
+    bwd = _causal_softmax_grad()
+
+    def bprop(x, out, dout):
+        return (bwd(out, dout),)
+
+    return custom("CausalSoftmaxFwd", lambda x: x, lambda x: x, bprop)
+
+
+def _heads_split(heads, kv_heads):
+    """(B, T, heads + 2 kv_heads, D) → q (B, heads, T, D), k and v (B, kv_heads, T, D)."""
+    def shapes(x):
+        b, t, _, d = x
+        return [b, heads, t, d], [b, kv_heads, t, d], [b, kv_heads, t, d]
+
+    bwd = custom("HeadsSplitBwd", lambda q, k, v: [q[0], q[2], heads + 2 * kv_heads, q[3]], lambda q, k, v: q)
+
+    def bprop(x, out, dout):
+        return (bwd(*dout),)
+
+    return custom("HeadsSplit", shapes, lambda x: (x, x, x), bprop)
+
+
+def _swap_middle_axes():
+    """(B, X, Y, D) → (B, Y, X, D); its gradient is itself."""
+    def shape(x):
+        return [x[0], x[2], x[1], x[3]]
+
+    swap = custom("SwapMiddleAxes", shape, lambda x: x)
+
+    def bprop(x, out, dout):
+        return (swap(dout),)
+
+    return custom("SwapMiddleAxes", shape, lambda x: x, bprop)
+
+
+def _softmax_cross_entropy():
+    """(logits (rows, vocab), targets, coef) → (ce (rows,), coef-weighted gradient of ce w.r.t. the logits). No
+    bprop: the chunked loss (ms_llm.train.loss) calls it inside its own backward."""
+    return custom("SoftmaxCrossEntropy", lambda x, t, c: ([x[0]], x), lambda x, t, c: (x, x))
+
+
+def _softmax_cross_entropy_loss():
+    return custom("SoftmaxCrossEntropyLoss", lambda x, t: [x[0]], lambda x, t: x)
+
+
+_BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares,
+             "causal_softmax": _causal_softmax, "softmax_cross_entropy": _softmax_cross_entropy,
+             "softmax_cross_entropy_loss": _softmax_cross_entropy_loss, "heads_split": _heads_split,
+             "swap_middle_axes": _swap_middle_axes, "gelu_tanh_grad": _gelu_tanh_grad,
+             "causal_softmax_grad": _causal_softmax_grad}

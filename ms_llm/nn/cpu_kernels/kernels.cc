@@ -153,3 +153,159 @@ extern "C" int SumSquares(int, void **params, int *ndims, int64_t **shapes, cons
   out[0] = static_cast<float>(total);
   return 0;
 }
+
+// Causal softmax over the last axis of (..., T, T) float32 attention scores: row i of each T x T block
+// attends to columns j <= i; the masked columns get exactly 0 (as softmax(scores + -1e9 mask) gives in
+// float32). One pass in place of the mask add, Softmax, and their three score-sized temporaries.
+extern "C" int CausalSoftmaxFwd(int, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  const float *x = static_cast<const float *>(params[0]);
+  float *y = static_cast<float *>(params[1]);
+  const int64_t t = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / t;
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t valid = r % t + 1;  // query position i attends to keys 0..i
+    const float *xr = x + r * t;
+    float *yr = y + r * t;
+    float mx = xr[0];
+    for (int64_t c = 1; c < valid; c++) mx = fmaxf(mx, xr[c]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < valid; c++) {
+      yr[c] = expf(xr[c] - mx);
+      sum += yr[c];
+    }
+    const float inv = 1.0f / sum;
+#pragma omp simd
+    for (int64_t c = 0; c < valid; c++) yr[c] *= inv;
+    for (int64_t c = valid; c < t; c++) yr[c] = 0.0f;
+  }
+  return 0;
+}
+
+// Gradient of CausalSoftmaxFwd. Inputs: y (its output), dy. Output: dx = y * (dy - sum(dy * y)) per row.
+extern "C" int CausalSoftmaxBwd(int, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  const float *y = static_cast<const float *>(params[0]);
+  const float *dy = static_cast<const float *>(params[1]);
+  float *dx = static_cast<float *>(params[2]);
+  const int64_t t = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / t;
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t valid = r % t + 1;
+    const float *yr = y + r * t;
+    const float *dyr = dy + r * t;
+    float *dxr = dx + r * t;
+    float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t c = 0; c < valid; c++) dot += yr[c] * dyr[c];
+#pragma omp simd
+    for (int64_t c = 0; c < valid; c++) dxr[c] = yr[c] * (dyr[c] - dot);
+    for (int64_t c = valid; c < t; c++) dxr[c] = 0.0f;
+  }
+  return 0;
+}
+
+// Cross-entropy of a chunk of float32 logits (rows, vocab) and its gradient, in one pass per row:
+//   lse = log(sum(exp(x))),  ce = lse - x[target],  dx = coef * (softmax(x) - onehot(target)).
+// Inputs: logits, targets (int32, rows), coef (float32, rows: the loss's weight of each row's ce).
+// Outputs: ce (float32, rows), dx (float32, rows x vocab). The exp is stored in dx and scaled there, so
+// besides the logits only the gradient's own buffer is used.
+extern "C" int SoftmaxCrossEntropy(int, void **params, int *ndims, int64_t **shapes, const char **, void *,
+                                   void *) {
+  const float *x = static_cast<const float *>(params[0]);
+  const int32_t *target = static_cast<const int32_t *>(params[1]);
+  const float *coef = static_cast<const float *>(params[2]);
+  float *ce = static_cast<float *>(params[3]);
+  float *dx = static_cast<float *>(params[4]);
+  const int64_t vocab = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / vocab;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * vocab;
+    float *dr = dx + r * vocab;
+    float mx = xr[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t c = 1; c < vocab; c++) mx = fmaxf(mx, xr[c]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < vocab; c++) {
+      dr[c] = expf(xr[c] - mx);
+      sum += dr[c];
+    }
+    const int64_t t = target[r];
+    ce[r] = logf(sum) + mx - xr[t];
+    const float scale = coef[r] / sum;
+#pragma omp simd
+    for (int64_t c = 0; c < vocab; c++) dr[c] *= scale;
+    dr[t] -= coef[r];
+  }
+  return 0;
+}
+
+// Forward only: the cross-entropy of each row (evaluation). Inputs: logits, targets. Output: ce.
+extern "C" int SoftmaxCrossEntropyLoss(int, void **params, int *ndims, int64_t **shapes, const char **, void *,
+                                       void *) {
+  const float *x = static_cast<const float *>(params[0]);
+  const int32_t *target = static_cast<const int32_t *>(params[1]);
+  float *ce = static_cast<float *>(params[2]);
+  const int64_t vocab = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / vocab;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * vocab;
+    float mx = xr[0];
+#pragma omp simd reduction(max : mx)
+    for (int64_t c = 1; c < vocab; c++) mx = fmaxf(mx, xr[c]);
+    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+    for (int64_t c = 0; c < vocab; c++) sum += expf(xr[c] - mx);
+    ce[r] = logf(sum) + mx - xr[target[r]];
+  }
+  return 0;
+}
+
+// Attention's head layout without MindSpore's Transpose kernel, which on CPU builds an int64 index table
+// twice the size of its input when the graph is compiled and keeps it (docs/performance.md, memory).
+//
+// HeadsSplit: the fused projection (B, T, H + 2 KV, D) → q (B, H, T, D), k (B, KV, T, D), v (B, KV, T, D).
+extern "C" int HeadsSplit(int, void **params, int *, int64_t **shapes, const char **, void *, void *) {
+  const float *x = static_cast<const float *>(params[0]);
+  float *out[3] = {static_cast<float *>(params[1]), static_cast<float *>(params[2]), static_cast<float *>(params[3])};
+  const int64_t b = shapes[0][0], t = shapes[0][1], g = shapes[0][2], d = shapes[0][3];
+  const int64_t heads[3] = {shapes[1][1], shapes[2][1], shapes[3][1]};
+  for (int64_t bi = 0; bi < b; bi++)
+    for (int64_t ti = 0; ti < t; ti++) {
+      const float *row = x + (bi * t + ti) * g * d;
+      for (int part = 0, first = 0; part < 3; first += heads[part], part++)
+        for (int64_t h = 0; h < heads[part]; h++)
+          std::memcpy(out[part] + ((bi * heads[part] + h) * t + ti) * d, row + (first + h) * d, d * sizeof(float));
+    }
+  return 0;
+}
+
+// Gradient of HeadsSplit: (dq, dk, dv) → (B, T, H + 2 KV, D).
+extern "C" int HeadsSplitBwd(int, void **params, int *, int64_t **shapes, const char **, void *, void *) {
+  const float *in[3] = {static_cast<const float *>(params[0]), static_cast<const float *>(params[1]),
+                        static_cast<const float *>(params[2])};
+  float *x = static_cast<float *>(params[3]);
+  const int64_t b = shapes[3][0], t = shapes[3][1], g = shapes[3][2], d = shapes[3][3];
+  const int64_t heads[3] = {shapes[0][1], shapes[1][1], shapes[2][1]};
+  for (int64_t bi = 0; bi < b; bi++)
+    for (int64_t ti = 0; ti < t; ti++) {
+      float *row = x + (bi * t + ti) * g * d;
+      for (int part = 0, first = 0; part < 3; first += heads[part], part++)
+        for (int64_t h = 0; h < heads[part]; h++)
+          std::memcpy(row + (first + h) * d, in[part] + ((bi * heads[part] + h) * t + ti) * d, d * sizeof(float));
+    }
+  return 0;
+}
+
+// (B, X, Y, D) → (B, Y, X, D): heads back to positions ((B, H, T, D) → (B, T, H, D)) and, as its own
+// gradient, the reverse.
+extern "C" int SwapMiddleAxes(int, void **params, int *, int64_t **shapes, const char **, void *, void *) {
+  const float *x = static_cast<const float *>(params[0]);
+  float *y = static_cast<float *>(params[1]);
+  const int64_t b = shapes[0][0], m = shapes[0][1], n = shapes[0][2], d = shapes[0][3];
+  for (int64_t bi = 0; bi < b; bi++)
+    for (int64_t i = 0; i < m; i++)
+      for (int64_t j = 0; j < n; j++)
+        std::memcpy(y + ((bi * n + j) * m + i) * d, x + ((bi * m + i) * n + j) * d, d * sizeof(float));
+  return 0;
+}
