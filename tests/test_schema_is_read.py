@@ -13,6 +13,8 @@ import os
 import re
 import typing
 
+import pytest
+
 from conftest import ROOT
 from ms_llm.config.schema import Config
 
@@ -148,6 +150,7 @@ def keys_read(trees):
     return {k for k in read if k in TREE and TREE[k] is None}
 
 
+@pytest.mark.slow  # parses and follows every module of the package (3-4 s)
 def test_every_schema_key_is_read_by_the_code():
     keys = [k for k, sub in TREE.items() if sub is None]
     unread = sorted(set(keys) - keys_read(sources()))
