@@ -6,9 +6,11 @@ resolved config (`ms_llm.train.resolve`: data-parallel size, vocabulary and stra
 the parallel layout), a new object: the config the caller loaded is left as it was.
 
 One step's path through the files: `Session.train_step` (here) → `step.AccumulateStep` for each micro-batch but
-the last, then `step.TrainStep` (ms_llm/train/step.py: `LossFn` → the model's `construct` in ms_llm/nn/transformer.py
-→ cross_entropy; value_and_grad; all-reduce, norm, clip; `optimizer.AdamW`), the first step of a session going
-through `first_step` (ms_llm/train/compile_cache.py: compile or load, binding check, first-step record).
+the last, then `step.TrainStep` (ms_llm/train/step.py: `LossFn` → the model's layers in ms_llm/nn/transformer.py →
+the LM head and cross-entropy, chunked over tokens (ms_llm/train/loss.py; a mixture of experts adds its router loss,
+fine-tuning data takes masked_loss.MaskedLossFn); value_and_grad; all-reduce, norm, clip; `optimizer.AdamW`), the
+first step of a session going through `first_step` (ms_llm/train/compile_cache.py: compile or load, binding check,
+first-step record).
 """
 from dataclasses import dataclass, fields
 from typing import Any, Callable, List, NamedTuple
