@@ -179,6 +179,7 @@ def test_compile_cache_reuses_only_identical_graphs(dataset, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # it may be the first to ask for the clean runs, which train alone
 def test_profile_window_prints_top_operators(clean_runs):
     """The session's profiled clean run (steps 20-30 profiled): its console, profile output, top operators and
     the window's events."""

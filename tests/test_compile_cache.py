@@ -89,15 +89,15 @@ from ms_llm.train import compile_cache, step
 
 def init(self, loss_fn, weights, state):  # the defect that was: the loss cell only captured by grad_fn
     ms.nn.Cell.__init__(self, auto_prefix=False)
-    self.state = state
+    self.state, self.routed = state, False
     self.grad_fn = ms.value_and_grad(loss_fn, None, weights, has_aux=True)
     self.hyper_map = ms.ops.HyperMap()
 
 step.AccumulateStep.__init__ = init
 if os.environ.get("PLANT"):  # cache the graphs unchecked, as ms_llm did before the binding check
     def plant(self, cells, batches, log):
-        for cell, batch in zip(cells, batches):
-            cell.compile(batch)
+        for cell, inputs in zip(cells, batches):  # each micro-batch's step inputs: (ids,) for plain text
+            cell.compile(*inputs)
         compile_cache.close()
     compile_cache.Guard.check_binding = plant
 from ms_llm.cli import main

@@ -85,6 +85,7 @@ def test_packer_on_a_stream_equals_pack_of_the_whole():
     assert np.array_equal(np.concatenate(pieces), pack(tokens, 7))
 
 
+@pytest.mark.slow  # preprocesses the 1 MB quickstart twice
 def test_streamed_quickstart_is_bit_identical_to_the_in_memory_reference(tmp_path):
     """The quickstart's sample (one document): same token-tail split, same samples, same file bytes."""
     ref = str(tmp_path / "ref")

@@ -25,7 +25,7 @@ def attention_scores(model, layer_name, ids):
     captured = {}
 
     def grab(cell, inputs, output):
-        captured["qkv"] = [x.asnumpy().astype(np.float32) for x in inputs]
+        captured["qkv"] = [x.asnumpy().astype(np.float32) for x in inputs[:3]]  # q, k, v (then documents, or None)
 
     with pynative():
         h = core.register_forward_hook(grab)

@@ -101,6 +101,7 @@ class AccumulateStep(nn.Cell):
         # The loss cell is an attribute, not only captured by grad_fn: a graph loaded from the compile cache is
         # bound to the parameters its Cell owns, and any other parameter it reads becomes a private zero copy.
         self.loss_fn, self.state = loss_fn, state
+        self.routed = loss_fn.routed  # MoE: the loss also returns router statistics, summed like the loss
         self.grad_fn = ms.value_and_grad(loss_fn, None, weights, has_aux=True)
         self.hyper_map = ops.HyperMap()
 
@@ -109,7 +110,7 @@ class AccumulateStep(nn.Cell):
         loss = out[1]
         self.hyper_map(ops.assign_add, self.state.grad_buffers, grads)
         ops.assign_add(self.state.accum_loss, loss)
-        if self.loss_fn.routed:
+        if self.routed:
             ops.assign_add(self.state.router_stats, out[2])
         return loss
 

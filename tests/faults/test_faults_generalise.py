@@ -134,8 +134,9 @@ def test_y_evaluation_every_5_steps_takes_the_wall_time(dataset, tmp_path):
 
 def test_z_pynative_is_slower_than_this_machine_runs_the_config(dataset, tmp_path):
     run = tmp_path / "pynative"
+    # all cores (the suite's xdist workers limit their runs to one thread, a second setting that would slow it)
     train(tiny_cfg(dataset, *sets("context.mode=pynative", "train.max_steps=20", "train.log_interval=5",
-                                  "train.eval_interval=0")), run)
+                                  "train.eval_interval=0", "context.num_threads=null")), run)
     note = next(f for f in shown(run) if f.id == "speed_settings")
     assert note.severity == "info" and "context.mode = pynative" in note.symptom
     command = note.actions[0].split(": ", 1)[1].split(", then ")[0]
