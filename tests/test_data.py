@@ -192,6 +192,7 @@ def test_documents_are_split_by_hash_and_adding_files_keeps_the_split(tmp_path):
     assert np.array_equal(val2[: len(val) - 1], val[:-1])
 
 
+@pytest.mark.slow  # two preprocessing runs with their worker processes
 def test_inputs_folders_globs_and_gzip(tmp_path):
     import gzip
 
