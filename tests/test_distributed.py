@@ -41,7 +41,8 @@ def test_two_rank_msrun_matches_single_process_and_reuses_its_compiled_graphs(ac
 
     again = msrun_train(dataset, tmp_path / "again", tmp_path / "logs2", *ACCUM2, "--set", "train.micro_batch_size=2",
                         env=cache)
-    assert all("compile cache: reusing" in again[r] and "warning" not in again[r] for r in range(2))
+    for r in range(2):
+        assert "compile cache: reusing" in again[r] and "warning" not in again[r], again[r][-3000:]
     assert losses(tmp_path / "again") == losses(multi)
     assert re.search(r"parameter digest \(rank 0\): (\w+)", again[0]).group(1) == digests[0]
 

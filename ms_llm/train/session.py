@@ -96,12 +96,19 @@ class Session:
             return self.first_step(batches)
         inputs = self.step_inputs(batches)
         if not self.compiled:
-            self.compile(inputs)
+            self.compile_inputs(inputs)
         for x in inputs[:-1]:
             self.step_fn.accumulate(*x)
         return StepOutput(*self.step_fn(*inputs[-1]))
 
-    def compile(self, inputs):
+    def compile(self, batches):
+        """Compile the step's graphs for these micro-batches without running them (`ms-llm benchmark --memory`
+        measures the compile apart); the step then takes them as usual."""
+        self.compile_inputs(self.step_inputs(batches))
+        if self.finetune is not None:  # step_inputs counted these batches: the step counts them again
+            self.finetune.loss_tokens = self.finetune.target_tokens = 0.0
+
+    def compile_inputs(self, inputs):
         """Compile the step's graphs (from one step's `step_inputs`) before the first step runs, then give the
         compiler's freed memory back to the OS, so that the step's memory does not come on top of it (CPU)."""
         from ms_llm.train.context import release_freed_host_memory
