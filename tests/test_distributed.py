@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from conftest import ACCUM2, ROOT, free_port, msrun_train
 
@@ -39,7 +40,10 @@ def test_two_rank_msrun_matches_single_process_and_reuses_its_compiled_graphs(ac
     assert digests[0] == digests[1]  # ranks hold bit-identical parameters
     assert not (multi / "checkpoints" / "rank_1").exists()  # rank 0 alone writes the checkpoint
 
-    again = msrun_train(dataset, tmp_path / "again", tmp_path / "logs2", *ACCUM2, "--set", "train.micro_batch_size=2",
+    # the dataset the shared launch trained on: under xdist another worker may have built it, from its own copy of
+    # the dataset, and the dataset's path is part of the compile cache key
+    trained_on = yaml.safe_load(open(multi / "config.yaml"))["data"]["dataset_dir"]
+    again = msrun_train(trained_on, tmp_path / "again", tmp_path / "logs2", *ACCUM2, "--set", "train.micro_batch_size=2",
                         env=cache)
     for r in range(2):
         assert "compile cache: reusing" in again[r] and "warning" not in again[r], again[r][-3000:]
