@@ -135,18 +135,12 @@ def pytest_runtest_makereport(item, call):
                            f"it starts a process or trains")
 
 
-@contextlib.contextmanager
 def op_by_op():
-    """PyNative inside the block: a forward in graph mode first compiles the model (seconds), and a test that only
-    reads logits does not need the graph (every training test runs it)."""
-    import mindspore as ms
+    """PyNative inside the block (ms_llm.debug.probe.pynative): a forward in graph mode first compiles the model
+    (seconds), and a test that only reads logits does not need the graph (every training test runs it)."""
+    from ms_llm.debug.probe import pynative as mode_pynative
 
-    mode = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        yield
-    finally:
-        ms.set_context(mode=mode)
+    return mode_pynative()
 
 
 @pytest.fixture

@@ -1,12 +1,12 @@
 """The chunked LM-head cross-entropy (ms_llm.train.loss) against the whole-logits loss it replaces: loss and every
 gradient, tied and untied heads, uneven chunks, token weights, float16 compute, accumulation, evaluation."""
-import contextlib
 
 import numpy as np
 import pytest
 import mindspore as ms
 from mindspore import Parameter, nn, ops
 
+from conftest import op_by_op
 from ms_llm.config import load_config
 from ms_llm.errors import UserError
 from ms_llm.nn import cpu_kernels
@@ -60,16 +60,10 @@ class Tiny(nn.Cell):
         return loss * scale, loss
 
 
-@contextlib.contextmanager
 def pynative():
     """Op by op: the same cells, kernels and custom bprop as the compiled step, without compiling a graph per
     variant (~10x faster here; the compiled path is checked by the slow tests below)."""
-    mode = ms.get_context("mode")
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    try:
-        yield
-    finally:
-        ms.set_context(mode=mode)
+    return op_by_op()
 
 
 def run(chunk, backend=PORTABLE, weights=None, scale=8.0, **model_args):
