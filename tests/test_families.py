@@ -259,17 +259,16 @@ HF_FAMILIES = {  # transformers config class, options: each family's distinguish
 SEQ = 16
 
 
-@pytest.fixture(scope="module", params=sorted(HF_FAMILIES))
-def converted(request, tmp_path_factory):
-    """A random transformers model of the family (weights redrawn large enough to make every term count), saved
-    with save_pretrained, converted with `ms-llm convert --from-hf`, and both models' logits on the same ids."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
+def converted_random_model(family, cls, options, folder):
+    """A random tiny transformers model of config class `cls` (weights redrawn large enough to make every term
+    count), saved with save_pretrained into FOLDER/hf, converted with `ms-llm convert --from-hf` into FOLDER/ours,
+    and both models' logits on the same SEQ ids: a dict of everything the parity tests read."""
+    import torch
+    import transformers
+
     from ms_llm.checkpoint import store
     from model_zoo import build_model
 
-    family = request.param
-    cls, options = HF_FAMILIES[family]
     config = getattr(transformers, cls)(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                                         num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
                                         max_position_embeddings=64, rms_norm_eps=1e-6, **options)
@@ -278,24 +277,32 @@ def converted(request, tmp_path_factory):
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(1 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.2 * torch.randn_like(p))
-    root = tmp_path_factory.mktemp(family)
-    model.save_pretrained(str(root / "hf"))
+    model.save_pretrained(str(folder / "hf"))
     ids = torch.randint(0, 128, (1, SEQ))
     with torch.no_grad():
         reference = model(ids).logits[0].numpy()
-
-    code, out, err = cli("convert", "--from-hf", str(root / "hf"), "--output", str(root / "ours"))
+    code, out, err = cli("convert", "--from-hf", str(folder / "hf"), "--output", str(folder / "ours"))
     assert code == 0, err
-    cfg = load_config(str(root / "ours" / "config.yaml"), [f"model.seq_length={SEQ}"])
+    cfg = load_config(str(folder / "ours" / "config.yaml"), [f"model.seq_length={SEQ}"])
     ours = build_model(cfg.model)
-    weights = store.read_tensors(str(root / "ours" / "model.ckpt"))
+    weights = store.read_tensors(str(folder / "ours" / "model.ckpt"))
     missing, unexpected = ms.load_param_into_net(ours, {k: ms.Parameter(ms.Tensor(v), name=k)
                                                         for k, v in weights.items()}, strict_load=True)
     assert not missing and not unexpected
     ours.set_train(False)
     logits = ours(ms.Tensor(ids.numpy().astype(np.int32))).asnumpy()[0]
-    return dict(family=family, root=root, model=model, reference=reference, logits=logits, cfg=cfg, ids=ids,
-                transformers=transformers, torch=torch, weights=weights)
+    return dict(family=family, root=folder, model=model, reference=reference, logits=logits, cfg=cfg, ids=ids,
+                transformers=transformers, torch=torch, weights=weights, out=out)
+
+
+@pytest.fixture(scope="module", params=sorted(HF_FAMILIES))
+def converted(request, tmp_path_factory):
+    """A random transformers model of the family (weights redrawn large enough to make every term count), saved
+    with save_pretrained, converted with `ms-llm convert --from-hf`, and both models' logits on the same ids."""
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    cls, options = HF_FAMILIES[request.param]
+    return converted_random_model(request.param, cls, options, tmp_path_factory.mktemp(request.param))
 
 
 @pytest.mark.slow

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import mindspore as ms
 
+from test_families import converted_random_model
 from ms_llm.config import load_config
 from ms_llm.errors import UserError
 from ms_llm.parallel.shapes import ModelShape
@@ -558,39 +559,11 @@ SEQ = 16
 def converted(request, tmp_path_factory):
     """A random transformers MoE model (weights redrawn large enough that routing differs token by token), saved
     with save_pretrained, converted with `ms-llm convert --from-hf`, and both models' logits on the same ids."""
-    torch = pytest.importorskip("torch")
-    transformers = pytest.importorskip("transformers")
-    from ms_llm.checkpoint import store
-    from model_zoo import build_model
-
-    family = request.param
-    cls, options = HF_FAMILIES[family]
-    config = getattr(transformers, cls)(hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                        max_position_embeddings=64, rms_norm_eps=1e-6, num_experts_per_tok=2,
-                                        **options)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(1 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.2 * torch.randn_like(p))
-    root = tmp_path_factory.mktemp(family)
-    model.save_pretrained(str(root / "hf"))
-    ids = torch.randint(0, 128, (1, SEQ))
-    with torch.no_grad():
-        reference = model(ids).logits[0].numpy()
-    code, out, err = cli("convert", "--from-hf", str(root / "hf"), "--output", str(root / "ours"))
-    assert code == 0, err
-    cfg = load_config(str(root / "ours" / "config.yaml"), [f"model.seq_length={SEQ}"])
-    ours = build_model(cfg.model)
-    weights = store.read_tensors(str(root / "ours" / "model.ckpt"))
-    missing, unexpected = ms.load_param_into_net(ours, {k: ms.Parameter(ms.Tensor(v), name=k)
-                                                        for k, v in weights.items()}, strict_load=True)
-    assert not missing and not unexpected
-    ours.set_train(False)
-    logits = ours(ms.Tensor(ids.numpy().astype(np.int32))).asnumpy()[0]
-    return dict(family=family, root=root, model=model, reference=reference, logits=logits, cfg=cfg, ids=ids,
-                transformers=transformers, torch=torch, out=out)
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    cls, options = HF_FAMILIES[request.param]
+    return converted_random_model(request.param, cls, dict(options, num_experts_per_tok=2),
+                                  tmp_path_factory.mktemp(request.param))
 
 
 @pytest.mark.slow
