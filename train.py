@@ -4,7 +4,7 @@
           train.py --config configs/llama2_7b_8p.yaml
 
 Takes the same arguments as `ms-llm train`, plus ModelArts' --data_url / --train_url
-(see ms_llm/train/modelarts.py).
+(see ms_llm/train/setup/modelarts.py).
 """
 import sys
 
@@ -14,7 +14,7 @@ if __name__ == "__main__":
     argv = sys.argv[1:]
     if any(a.startswith(("--data_url", "--train_url")) for a in argv):
         from ms_llm.errors import UserError
-        from ms_llm.train.modelarts import translate
+        from ms_llm.train.setup.modelarts import translate
 
         try:
             argv = translate(argv)

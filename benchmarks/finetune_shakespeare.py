@@ -186,7 +186,7 @@ def merged_parity(run_dir, ckpt, hf_dir, length=64, seed=0):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ms_llm.train.run_model import load_run_model
+    from ms_llm.train.setup.run_model import load_run_model
 
     cfg, model, _ = load_run_model(run_dir, checkpoint=ckpt, overrides=[f"model.seq_length={length}"])
     ids = np.random.default_rng(seed).integers(0, cfg.model.vocab_size, (1, length)).astype(np.int32)

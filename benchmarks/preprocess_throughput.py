@@ -219,7 +219,7 @@ def main():
         entry["identical_output_across_workers"] = all(s == shards[args.workers[0]] for s in shards.values())
         result["runs"][f"{size}mb"] = entry
     sizes = [f"{s}mb" for s in args.sizes_mb]
-    if len(sizes) >= 2:  # what must not grow with the corpus (issue 22, item 4: at most 1.05x from 60 to 960 MB)
+    if len(sizes) >= 2:  # what must not grow with the corpus (issue 22 item 4, issue 33 item 6: at most 1.05x)
         w = args.workers[-1]
         for key in ("peak_rss_tree_mb", "hwm_sum_mb", "peak_rss_main_mb"):
             peaks = {s: result["runs"][s][f"workers_{w}"]["ms_llm"][key] for s in sizes}

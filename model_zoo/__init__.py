@@ -2,6 +2,8 @@
 import mindspore as ms
 import numpy as np
 
+from ms_llm.nn.dropout import KEY_NAME as DROPOUT_KEY
+
 DTYPES = {"float32": ms.float32, "float16": ms.float16, "bfloat16": ms.bfloat16}
 
 
@@ -20,10 +22,16 @@ def build_model(m, compute_dtype="float32", backend=None):
     return build_gpt2(m, DTYPES[compute_dtype], backend or PORTABLE)  # model.arch's other choice
 
 
+def weights(model):
+    """{name: Parameter} of the model's weights: every parameter but dropout's key (the seed and this rank's place in
+    the batch, ms_llm/nn/dropout.py), which no checkpoint holds."""
+    return {p.name: p for p in model.get_parameters() if p.name != DROPOUT_KEY}
+
+
 def count_params(model, exclude_positions=False):
     n = 0
     for name, p in model.parameters_and_names():
-        if exclude_positions and name.endswith("positions"):
+        if (exclude_positions and name.endswith("positions")) or name == DROPOUT_KEY:  # the key is no weight
             continue
         n += int(np.prod(p.shape))
     return n

@@ -110,21 +110,24 @@ def probe(cfg, steps):
     """Phase memory of the real step in this process (dict of bytes)."""
     import mindspore  # noqa: F401 (the import is the first phase)
 
-    from ms_llm.train.context import select_device
+    from ms_llm.train.setup.context import select_device
+    from ms_llm.train.setup.dataset import prepared_runtime
     from ms_llm.train.session import open_session
+    from ms_llm.train.step_runner import StepRunner
 
     target = select_device(cfg.context)
     mem = HostMemory() if target == "CPU" else DeviceMemory()
     out = {"device": target, "import": mem.now()}
-    s = open_session(cfg, echo=lambda *a: None, use_compile_cache=False)
+    s = open_session(cfg, echo=lambda *a: None, rt=prepared_runtime(cfg, lambda *a: None))
+    runner = StepRunner(s, use_compile_cache=False)
     out["session"] = mem.now()
     batches = s.next_batches()
     mem.reset()
-    s.compile(batches)
+    runner.compile(batches)
     out["compiled"], out["compile peak"] = mem.now(), mem.peak()
     mem.reset()
     for i in range(steps):
-        s.train_step(batches if i == 0 else None)[0].asnumpy()
+        runner.step(batches if i == 0 else None)[0].asnumpy()
     out["peak"], out["after steps"] = mem.peak(), mem.now()
     out.update(state_bytes(s))
     out["vocab"], out["data vocab"] = s.cfg.model.vocab_size, s.manifest["vocab_size"]
@@ -136,12 +139,11 @@ def probe_main(argv):
     import argparse
 
     from ms_llm.config import load_config
-    from ms_llm.config.cli_args import add_set_argument
+    from ms_llm.config.cli_args import add_config_arguments
 
     ap = argparse.ArgumentParser()
-    ap.add_argument("--config")
+    add_config_arguments(ap, required=False)
     ap.add_argument("--steps", type=int, default=3)
-    add_set_argument(ap)
     args = ap.parse_args(argv)
     print(json.dumps(probe(load_config(args.config, args.overrides), args.steps)), flush=True)
 
@@ -206,7 +208,7 @@ def planned_terms(cfg):
     from ms_llm.parallel.layout import layout_from_config
     from ms_llm.parallel.memory import planned_by_kind
     from ms_llm.parallel.shapes import ModelShape
-    from ms_llm.train.context import device_target
+    from ms_llm.train.setup.context import device_target
 
     target = device_target(cfg.context)
     layout, devices = layout_from_config(cfg, 1, target="CPU" if target == "CPU" else "Ascend")

@@ -4,7 +4,7 @@ import argparse
 import sys
 
 from ms_llm.errors import UserError
-from ms_llm.config.cli_args import add_set_argument
+from ms_llm.config.cli_args import add_config_arguments
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -16,8 +16,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def add_train_args(p):
-    p.add_argument("--config", required=True, help="YAML config, e.g. configs/shakespeare_char.yaml")
-    add_set_argument(p)
+    add_config_arguments(p)
     p.add_argument("--run-dir", help="where the run is written (default: runs/<config>-<time>); must not exist "
                                      "unless --resume")
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its newest checkpoint")
@@ -68,8 +67,8 @@ def cmd_preprocess(args):
     if args.seq_length <= 0:
         raise UserError(f"--seq-length = {args.seq_length} must be a positive integer.")
     val = 0.1 if args.val_fraction is None else args.val_fraction
-    if not 0 < val < 1:
-        raise UserError(f"--val-fraction = {val} must be between 0 and 1 (e.g. 0.1).")
+    if not 0 <= val < 1:
+        raise UserError(f"--val-fraction = {val} must be at least 0 and below 1 (e.g. 0.1; 0: no validation split).")
     if args.workers is not None and args.workers < 1:
         raise UserError(f"--workers = {args.workers} must be at least 1 (default: the number of CPU cores).")
     if args.shard_size_mb < 1:
@@ -141,24 +140,24 @@ def build_parser():
     p.add_argument("--skip-bad", action="store_true",
                    help="count and skip invalid JSON lines / undecodable bytes instead of stopping at the first")
     p.add_argument("--shard-size-mb", type=int, default=256, help="MindRecord shard size in MB of samples (default 256)")
-    p.add_argument("--format", choices=("text", "chat", "instruction"),
+    p.add_argument("--format", choices=("text", "chat", "instruction", "preference"),
                    help="text (default): documents; chat: JSONL of {\"messages\": [{\"role\", \"content\"}, ...]}; "
-                        "instruction: JSONL of {\"prompt\", \"response\"}. Conversations are rendered with the "
-                        "tokenizer's chat template and get a loss mask (docs/finetuning.md)")
+                        "instruction: JSONL of {\"prompt\", \"response\"}; preference: JSONL of {\"prompt\" | "
+                        "\"messages\", \"chosen\", \"rejected\"} (docs/preference.md). Conversations are rendered "
+                        "with the tokenizer's chat template and get a loss mask (docs/finetuning.md)")
     p.add_argument("--no-pack", action="store_true", help="chat/instruction: one conversation per sample, padded "
                                                           "(default: several per sample, kept apart by the model)")
     p.add_argument("--refuse-long", action="store_true",
                    help="chat/instruction: stop at a conversation longer than a sample (default: cut it, counted)")
     p.add_argument("--chat-template", help="chat/instruction: a Jinja template file (default: the one beside the "
                                            "tokenizer.json, in tokenizer_config.json or chat_template.jinja)")
-    p.add_argument("--config", help="take the defaults above from a training config's data/model sections")
-    add_set_argument(p)
+    add_config_arguments(p, required=False, help="take the defaults above from a training config's data/model "
+                                                 "sections")
     p.add_argument("--overwrite", action="store_true", help="replace an existing dataset in --output-dir")
     p.set_defaults(func=cmd_preprocess)
 
     p = sub.add_parser("benchmark", help="tokens/s, ms/step, compile time, MFU, memory, data wait of the real step")
-    p.add_argument("--config", required=True)
-    add_set_argument(p)
+    add_config_arguments(p)
     p.add_argument("--steps", type=int, default=None, help="timed steps (default 50; with --memory, steps per "
                                                            "measuring process, default 3)")
     p.add_argument("--warmup", type=int, default=5, help="untimed steps after compilation (default 5)")
@@ -176,6 +175,8 @@ def build_parser():
     from ms_llm.data import cli as data_cli
     from ms_llm.debug import cli as debug_cli
     from ms_llm.diagnose import cli as diagnose_cli
+    from ms_llm.diagnose import engine as diagnose_engine
+    from ms_llm.eval import cli as eval_cli
     from ms_llm.interop import cli as interop_cli
     from ms_llm.parallel import cli as parallel_cli
     from ms_llm.report import cli as report_cli
@@ -186,10 +187,11 @@ def build_parser():
     parallel_cli.add_parsers(sub)
     diagnose_cli.add_parsers(sub)
     rundir_cli.add_parsers(sub)
-    debug_cli.add_parsers(sub)
+    debug = debug_cli.add_parsers(sub)
     data_cli.add_parsers(sub)
-    report_cli.add_parsers(sub)
-    tune_cli.add_parsers(sub)
+    report_cli.add_parsers(sub, diagnose=diagnose_engine.findings)
+    tune_cli.add_parsers(sub, debug)
+    eval_cli.add_parsers(sub)
 
     p = sub.add_parser("sample", help="generate text from a trained run")
     p.add_argument("--run-dir", required=True)
@@ -212,7 +214,7 @@ def main(argv=None):
         code = args.func(args)
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
-        from ms_llm.train.context import refusal_exit_code
+        from ms_llm.train.setup.context import refusal_exit_code
 
         return refusal_exit_code(e)
     except KeyboardInterrupt:

@@ -22,20 +22,6 @@ def atomic_write_bytes(path, data):
     os.replace(tmp, path)
 
 
-def run_config_path(run_dir):
-    """The config a run ended with: a resumed run writes config.resume_<step>.yaml next to config.yaml (its
-    settings may have changed, max_steps say), so the newest of those; else config.yaml."""
-    import re
-
-    resumed = []
-    if os.path.isdir(run_dir):
-        for name in os.listdir(run_dir):
-            m = re.fullmatch(r"config\.resume_(\d+)\.yaml", name)
-            if m:
-                resumed.append((int(m.group(1)), name))
-    return os.path.join(run_dir, max(resumed)[1] if resumed else "config.yaml")
-
-
 def read_versioned_json(path, fmt):
     """The JSON object at `path` when its "format" is `fmt`; None when it is missing, unreadable or another format
     (a sweep's or a ladder's own record: anything else in the folder is not theirs)."""

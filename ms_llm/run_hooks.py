@@ -1,9 +1,10 @@
-"""The per-step extras a config asks for, built as trainer hooks (ms_llm.train.hooks) by the entry point:
-the training loop itself knows none of them, and `ms_llm.train` never imports `ms_llm.debug`."""
+"""The per-step extras a config asks for, built as trainer hooks (ms_llm.train.loop.hooks) by the entry point:
+the training loop itself knows none of them, and `ms_llm.train` never imports `ms_llm.debug` or `ms_llm.eval`."""
 import os
 import time
 
-from ms_llm.train.hooks import Hook
+from ms_llm.train.loop.hooks import Hook
+from ms_llm.rundir import names
 
 
 def hooks_for(cfg):
@@ -21,13 +22,21 @@ def hooks_for(cfg):
 
         hooks.append(TensorStats(mon.tensor_stats))
     if cfg.train.anomaly is not None:
-        from ms_llm.train.anomaly_guard import AnomalyRollback
+        from ms_llm.train.loop.anomaly_guard import AnomalyRollback
 
         hooks.append(AnomalyRollback(cfg.train.anomaly))
     if mon.telemetry_interval_s:
         hooks.append(Telemetry(mon.telemetry_interval_s))
+    if cfg.eval.tasks:  # before the report refresh, so that a refreshed report has the evaluation's numbers
+        from ms_llm.eval.hook import TaskEval
+
+        hooks.append(TaskEval(cfg.eval))
     if mon.report:
         hooks.append(ReportRefresh())
+    if mon.diagnose or cfg.train.stop_on:
+        from ms_llm.diagnose.live import LiveDiagnosis
+
+        hooks.append(LiveDiagnosis(cfg.train.stop_on))
     return hooks
 
 
@@ -42,7 +51,7 @@ class Telemetry(Hook):
         from ms_llm.monitor.telemetry import TelemetrySampler
 
         rank = run.session.rt.rank
-        name = "telemetry.jsonl" if rank == 0 else f"telemetry_rank_{rank}.jsonl"
+        name = names.telemetry(rank)
         if rank == 0 or os.environ.get("DEVICE_ID") == "0":  # one sampler per node: the tools see all its devices
             self.sampler = TelemetrySampler(os.path.join(run.run_dir, name), self.interval_s,
                                             run.session.rt.device_target).start()
@@ -77,9 +86,10 @@ class ReportRefresh(Hook):
             return
         t0 = time.monotonic()
         try:
+            from ms_llm.diagnose.engine import findings
             from ms_llm.report import write_report
 
-            write_report([run.run_dir], os.path.join(run.run_dir, "report.html"))
+            write_report([run.run_dir], os.path.join(run.run_dir, names.REPORT), diagnose=findings)
         except Exception as e:  # noqa: BLE001 (a report must never end a training run)
             run.log(f"warning: report.html not refreshed ({type(e).__name__}: {e})")
         self.last, self.cost = time.monotonic(), time.monotonic() - t0

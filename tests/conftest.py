@@ -22,17 +22,18 @@ FAST_TEST_LIMIT_S = float(os.environ.get("MS_LLM_FAST_TEST_LIMIT_S", "3"))
 
 
 def pytest_configure(config):
-    """Under pytest-xdist (`-n 2`, what CI runs) the workers share this checkout and the user's cache: each worker
-    gets its own compile cache, so two workers never fill one entry at the same time, and MindSpore one thread, so
-    that two workers on two cores do not contend (a training run's throughput, which diagnose reads, stays even);
+    """Under pytest-xdist (`-n 2`, what CI runs) the workers share this checkout and one compile cache (keyed on the
+    built step, and locked per entry while it fills, so a graph one worker compiled is loaded by the other), and
+    MindSpore gets one thread per worker, so that two workers on two cores do not contend (a training run's
+    throughput, which diagnose reads, stays even);
     tests marked `serial` (msrun's two ranks) run alone (`pytest_runtest_protocol`). The quickstart's dataset is
     tokenized once, under a lock, before any test's training run would do it (two first runs at once would both
     find no dataset and the second would refuse the first's)."""
     worker = os.environ.get("PYTEST_XDIST_WORKER")
     if worker:
         base = os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm"))
-        os.environ["MS_LLM_CACHE"] = os.path.join(base, f"pytest-{worker}")
-        from ms_llm.train.context import limit_cpu_threads
+        os.environ["MS_LLM_CACHE"] = os.path.join(base, "pytest-xdist")
+        from ms_llm.train.setup.context import limit_cpu_threads
 
         limit_cpu_threads(1)
     from ms_llm.data.manifest import has_manifest
@@ -114,6 +115,8 @@ def _timed_phase(item, when):
 PHASE_CPU = pytest.StashKey()
 pytest_runtest_setup = pytest.hookimpl(hookwrapper=True)(lambda item: (yield from _timed_phase(item, "setup")))
 pytest_runtest_call = pytest.hookimpl(hookwrapper=True)(lambda item: (yield from _timed_phase(item, "call")))
+pytest_runtest_teardown = pytest.hookimpl(hookwrapper=True)(lambda item: (yield from _timed_phase(item, "teardown")))
+CPU_LOG = os.environ.get("MS_LLM_TEST_CPU_LOG")  # a JSONL file: each test phase's wall and CPU seconds
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -124,6 +127,10 @@ def pytest_runtest_makereport(item, call):
     MindSpore runs an operator on two threads; a test over the limit by both is slow on any machine."""
     outcome = yield
     report = outcome.get_result()
+    if CPU_LOG and report.when in ("setup", "call", "teardown"):  # where CI's time goes, load or not (CPU seconds)
+        with open(CPU_LOG, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"test": item.nodeid, "phase": report.when, "wall_s": round(call.duration, 2),
+                                "cpu_s": round(item.stash.get(PHASE_CPU, {}).get(report.when, 0.0), 2)}) + "\n")
     if report.when not in ("setup", "call") or not report.passed or item.get_closest_marker("slow") is not None:
         return
     cpu = item.stash.get(PHASE_CPU, {}).get(report.when, call.duration)
@@ -204,10 +211,11 @@ def tiny_train_args(dataset, run_dir, *extra):
             "--set", "monitor.report=false", "--set", "monitor.summary=false", *THREADS, *extra]
 
 
-# Accumulation 2 (micro batch 4 of 8), 60 steps, every step logged, a checkpoint every 10: the uninterrupted run
-# that resume, kill -9, remote pulls and the 2-rank launch are held to, step for step.
+# Accumulation 2 (micro batch 4 of 8), dropout 0.1, 60 steps, every step logged, a checkpoint every 10: the
+# uninterrupted run that resume, kill -9, remote pulls and the 2-rank launch are held to, step for step (dropout's
+# masks are keyed on seed, step and sample, so they too must come back exactly).
 ACCUM2 = ["--set", "train.max_steps=60", "--set", "checkpoint.save_interval=10", "--set", "train.eval_interval=20",
-          "--set", "train.micro_batch_size=4", "--set", "train.log_interval=1"]
+          "--set", "train.micro_batch_size=4", "--set", "train.log_interval=1", "--set", "model.dropout=0.1"]
 
 
 def train_ok(*args, env=None):

@@ -63,7 +63,7 @@ def step(E, batches, accum, dp):
     from mindspore import nn, ops
 
     from ms_llm.config import load_config
-    from ms_llm.train.masked_loss import MaskedLossFn
+    from ms_llm.train.losses import MaskedLoss
     from ms_llm.train.optimizer import AdamW
     from ms_llm.train.step import TrainStep
 
@@ -77,11 +77,11 @@ def step(E, batches, accum, dp):
 
     model = Lookup()
     cfg = load_config(None, [])
-    train = TrainStep(model, AdamW(model.trainable_params()), cfg.precision, 0.0, accum, dp,
-                      np.zeros(4, np.float32), loss_fn=MaskedLossFn(model, accum, dp, documents=False))
+    train = TrainStep(model, AdamW(model.trainable_params()), MaskedLoss(model, accum, dp, with_documents=False),
+                      cfg.precision, 0.0, accum, dp, np.zeros(4, np.float32))
     count = ms.Tensor(np.float32(sum(w.sum() for _, w in batches)))
     seg = ms.Tensor(np.ones((B, T + 1), np.int32))
-    inputs = [(ms.Tensor(ids), ms.Tensor(w), seg, count) for ids, w in batches]
+    inputs = [(ms.Tensor(ids), ms.Tensor(w), seg, count, ms.Tensor(np.zeros_like(w))) for ids, w in batches]
     for x in inputs[:-1]:
         train.accumulate(*x)
     loss, norm, _, _ = train(*inputs[-1])

@@ -1,6 +1,7 @@
 """End to end through the CLI, the way users run it: outputs on disk, and clear refusals for bad input."""
 import json
 import os
+import re
 
 import pytest
 import yaml
@@ -94,7 +95,7 @@ def greedy_reference(run, prompt, n):
 
     from ms_llm.data.manifest import load_manifest
     from ms_llm.data.tokenizers import from_spec
-    from ms_llm.train.run_model import load_run_model
+    from ms_llm.train.setup.run_model import load_run_model
 
     cfg, model, _ = load_run_model(str(run))
     tokenizer = from_spec(load_manifest(cfg.data.dataset_dir)["tokenizer"])
@@ -206,6 +207,15 @@ def test_doctor_checks_the_machine_and_smoke_trains(tmp_path):
     assert "[WARN] ASCEND_GLOBAL_LOG_LEVEL" in noisy.stdout and "set 3" in noisy.stdout
 
 
+def test_doctor_passes_the_mindspore_range_setup_py_installs():
+    from ms_llm.debug.doctor import mindspore_tested
+
+    assert all(mindspore_tested(v) for v in ("2.7.2", "2.8.0", "2.9.0", "2.10.0", "2.10.1", "2.10.0rc1"))
+    assert not any(mindspore_tested(v) for v in ("2.7.1", "2.7.1.post1", "2.6.0", "2.11.0", "3.0.0", "dev"))
+    with open(os.path.join(ROOT, "setup.py"), encoding="utf-8") as f:
+        assert re.findall(r'"mindspore[^"]*"', f.read()) == ['"mindspore>=2.7.2,<2.11"']
+
+
 @pytest.mark.slow
 def test_overfit_command_passes_on_a_healthy_model(dataset):
     proc = ms_llm("debug", "overfit", "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"),
@@ -214,3 +224,13 @@ def test_overfit_command_passes_on_a_healthy_model(dataset):
                   "--set", "train.lr=3e-3")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "overfit check PASSED" in proc.stdout
+
+
+def test_a_dry_run_writes_nothing_not_even_the_dataset_it_would_preprocess(tmp_path, capsys):
+    """--dry-run promises that nothing is written: with data.source set and no dataset yet, it says how to make one
+    instead of preprocessing it."""
+    dataset = tmp_path / "not_yet"
+    refused_in_process(capsys, ["train", "--config", os.path.join(ROOT, "configs", "shakespeare_char.yaml"),
+                                "--set", f"data.dataset_dir={dataset}", "--dry-run"],
+                       "--dry-run writes nothing", "ms-llm preprocess --input")
+    assert not dataset.exists()

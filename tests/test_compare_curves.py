@@ -6,7 +6,7 @@ import math
 import pytest
 
 from ms_llm.cli import main
-from ms_llm.report.curves import Curve, compare
+from ms_llm.rundir.curves import Curve, compare
 from synthetic_run import make_run
 
 

@@ -1,7 +1,7 @@
 import pytest
 
 from ms_llm.config import load_config, check_against_dataset
-from ms_llm.train.resolve import resolve
+from ms_llm.train.setup.resolve import resolve
 from ms_llm.errors import UserError
 
 
@@ -81,8 +81,13 @@ def test_resolve_fills_in_the_launch_the_data_and_the_strategy_dir_once():
 
     cfg = load_config(None, ["train.global_batch_size=16", "train.micro_batch_size=4"])
     r = resolve(cfg, 2, "CPU", {"seq_length": 64, "vocab_size": 66}, "runs/x/strategy")
+    # data parallel alone writes no strategy file: the path stays unset (it would tie the compile cache's key to
+    # the run directory)
     assert (r.cfg.parallel_config.data_parallel, r.cfg.model.vocab_size, r.cfg.checkpoint.strategy_dir) == \
-        (2, 66, "runs/x/strategy")
+        (2, 66, None)
+    semi = resolve(load_config(None, ["parallel_config.model_parallel=2"]), 2, "Ascend",
+                   {"seq_length": 64, "vocab_size": 66}, "runs/x/strategy")
+    assert semi.parallel.semi_auto and semi.cfg.checkpoint.strategy_dir == "runs/x/strategy"
     assert (r.parallel.dp, r.parallel.accumulation) == (2, 2)
     assert cfg.parallel_config.data_parallel is None and cfg.model.vocab_size is None  # the loaded one is untouched
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -122,3 +127,15 @@ def test_bad_files(tmp_path):
         load_config(write(tmp_path, "- 1\n- 2\n"))
     with pytest.raises(UserError, match="section 'model' must be a mapping"):
         load_config(write(tmp_path, "model: 3\n"))
+
+
+def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path):
+    path = tmp_path / "twice.yaml"
+    path.write_text("model:\n  num_layers: 4\n  hidden_size: 128\n  num_layers: 6\ntrain:\n  lr: 1.0e-3\n")
+    with pytest.raises(UserError, match=r"'model.num_layers' twice \(line 2 and line 4\)"):
+        load_config(str(path))
+    path.write_text("model:\n  num_layers: 4\ntrain:\n  lr: 1.0e-3\nmodel:\n  hidden_size: 64\n")
+    with pytest.raises(UserError, match=r"'model' twice \(line 1 and line 5\)"):
+        load_config(str(path))
+    path.write_text("model:\n  num_layers: 4\ntrain:\n  lr: 1.0e-3\n")  # the same keys in other sections are fine
+    assert load_config(str(path)).model.num_layers == 4

@@ -185,3 +185,25 @@ def test_mismatched_checkpoints_list_the_offending_tensors(tmp_path):
     proc = ms_llm("convert", "--from-hf", str(tmp_path / "bad3"), "--output", str(tmp_path / "o3"))
     assert proc.returncode == 2 and "families ms_llm converts are 'gpt2', 'llama'" in proc.stderr
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_a_shard_the_index_names_but_the_folder_lacks_is_one_paragraph(tmp_path, capsys):
+    """A download that stopped half-way: model.safetensors.index.json names two shards, one is there."""
+    from ms_llm.cli import main
+
+    rng = np.random.default_rng(2)
+    cfg, tensors = gpt2_hf(rng)
+    hf = tmp_path / "hf"
+    write_hf(hf, cfg, tensors)
+    os.rename(hf / "model.safetensors", hf / "model-00001-of-00002.safetensors")
+    names = sorted(tensors)
+    weight_map = {n: "model-00001-of-00002.safetensors" if i % 2 else "model-00002-of-00002.safetensors"
+                  for i, n in enumerate(names)}
+    (hf / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    assert main(["convert", "--from-hf", str(hf), "--output", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "model-00002-of-00002.safetensors" in err and "incomplete" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "out").exists()
+    (hf / "model.safetensors.index.json").write_text("{\"weight_map\": ")  # truncated index
+    assert main(["convert", "--from-hf", str(hf), "--output", str(tmp_path / "out")]) == 2
+    assert "cannot be read as a safetensors index" in capsys.readouterr().err

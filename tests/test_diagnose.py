@@ -163,9 +163,13 @@ def test_lr_too_high_divergence_names_lr(tmp_path):
             r["loss"] = min(6.0, 2.4 + 0.02 * (r["step"] - 600))
             r["grad_norm"] = min(30.0, 1.2 * 1.1 ** ((r["step"] - 600) / 50))
     run = write_run(tmp_path / "div", recs, ["train.lr=3e-2"])
-    assert ids(run) == {"divergence"}  # the rise is not also reported as spikes, nor its norms as clipping
+    # the rise is not also reported as spikes, nor its norms as clipping; the LR, 30x what recipes of the model's
+    # size use, is the config finding the divergence shows
+    assert ids(run) == {"divergence", "config_lr"}
     f = finding(run, "divergence")
     assert f.severity == "error"
+    assert any("30x the largest peak LR" in e and "nanoGPT shakespeare-char 0.001" in e for e in f.evidence)
+    assert "30x the largest peak LR recipes use" in f.causes[0]
     assert f.steps == [650] and "step 650" in f.symptom
     assert any("LR" in c for c in f.causes) and "LR" in f.causes[0]
     assert any(a.startswith("--set train.lr=0.01") for a in f.actions)

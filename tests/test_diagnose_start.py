@@ -1,11 +1,11 @@
 """The loss before any update (issue 23, 1): the trainer records the first step's loss as `initial_loss`, and a
 start far from ln(vocab) is named as the start (initialisation or output scale), not blamed on the optimizer. One
-judgement, shared by `ms-llm diagnose` and `ms-llm debug overfit` (ms_llm.diagnose.start)."""
+judgement, shared by `ms-llm diagnose` and `ms-llm debug overfit` (ms_llm.rundir.start)."""
 import math
 
 from ms_llm.debug.overfit import report
-from ms_llm.diagnose.start import judge_start
-from ms_llm.train.meter import IntervalMeter
+from ms_llm.rundir.start import judge_start
+from ms_llm.train.loop.meter import IntervalMeter
 from test_diagnose import VOCAB, finding, healthy, ids, train_only, write_run
 
 

@@ -40,8 +40,7 @@ def test_two_rank_msrun_matches_single_process_and_reuses_its_compiled_graphs(ac
     assert digests[0] == digests[1]  # ranks hold bit-identical parameters
     assert not (multi / "checkpoints" / "rank_1").exists()  # rank 0 alone writes the checkpoint
 
-    # the dataset the shared launch trained on: under xdist another worker may have built it, from its own copy of
-    # the dataset, and the dataset's path is part of the compile cache key
+    # the dataset the shared launch trained on (under xdist another worker may have built it from its own copy)
     trained_on = yaml.safe_load(open(multi / "config.yaml"))["data"]["dataset_dir"]
     again = msrun_train(trained_on, tmp_path / "again", tmp_path / "logs2", *ACCUM2, "--set", "train.micro_batch_size=2",
                         env=cache)

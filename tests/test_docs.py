@@ -119,10 +119,19 @@ def test_the_readme_test_commands_are_the_ones_pytest_ini_and_ci_use():
     """The README's full-suite command is what .ci/run runs, and its fast tier selects by the marker pytest.ini
     declares."""
     readme = read("README.md")
-    full = re.search(r"^(python -m pytest -q -rs --durations=25[^\n#]*? tests)\b", readme, re.M)
-    assert full and full.group(1) in read(".ci/run")
+    full = re.search(r'^pip install -e "\.\[dev\]" && (python -m pytest -q -rs --durations=25[^\n#]*? tests)\b', readme,
+                     re.M)
+    assert full and full.group(1) in read(".ci/run") and 'pip install -e ".[dev]"' in read(".ci/run")
     assert re.search(r'^python -m pytest -q -m "not slow" tests\b', readme, re.M)
     assert re.search(r"^\s+slow:", read("pytest.ini"), re.M)
+
+
+def test_the_quickstart_installs_the_core_alone_and_trains():
+    """Two commands: the first installs ms_llm without the test and reference packages (torch, transformers, ...)
+    and trains."""
+    readme = read("README.md")
+    block = re.search(r"## Quickstart \(two commands\).*?```bash\n(.*?)```", readme, re.S).group(1).strip()
+    assert block == "pip install -e . && ms-llm train --config configs/shakespeare_char.yaml --run-dir runs/quickstart"
 
 
 def markdown_files():

@@ -80,7 +80,7 @@ def test_prompt_tokens_do_not_count():
     loss has no gradient at those positions; the kept positions do have one."""
     from mindspore import nn
 
-    from ms_llm.train.masked_loss import MaskedLossFn
+    from ms_llm.train.losses import MaskedLoss
 
     class Fixed(nn.Cell):
         def __init__(self, logits):
@@ -96,18 +96,19 @@ def test_prompt_tokens_do_not_count():
     changed = ids.copy()
     changed[:, 1:] = np.where(w > 0, ids[:, 1:], (ids[:, 1:] + 5) % check.V)
     assert (changed != ids).any()
-    fn = MaskedLossFn(model, 1, 1, documents=False)
+    fn = MaskedLoss(model, 1, 1, with_documents=False)
     seg, count, one = ms.Tensor(np.ones(ids.shape, np.int32)), ms.Tensor(np.float32(w.sum())), ms.Tensor(1.0)
+    prompt = ms.Tensor(np.zeros_like(w))
     grad = ms.value_and_grad(fn, None, model.trainable_params(), has_aux=True)
-    (_, loss), (g,) = grad(ms.Tensor(ids), one, ms.Tensor(w), seg, count)
-    (_, loss2), (g2,) = grad(ms.Tensor(changed), one, ms.Tensor(w), seg, count)
+    (_, loss), (g,) = grad(one, ms.Tensor(ids), ms.Tensor(w), seg, count, prompt)
+    (_, loss2), (g2,) = grad(one, ms.Tensor(changed), ms.Tensor(w), seg, count, prompt)
     assert float(loss.asnumpy()) == float(loss2.asnumpy())
     g, g2 = g.asnumpy(), g2.asnumpy()
     assert np.array_equal(g, g2) and (g[w == 0] == 0).all() and (np.abs(g[w > 0]).sum(-1) > 0).all()
 
 
 def test_target_weights_drop_padding_and_conversation_starts():
-    from ms_llm.train.masked_loss import prompt_weights, target_weights
+    from ms_llm.train.losses.masked import prompt_weights, target_weights
 
     mask = np.array([[0, 0, 1, 1, 0, 1, 1, 0]])
     seg = np.array([[1, 1, 1, 1, 2, 2, 2, 0]])

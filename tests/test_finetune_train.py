@@ -77,13 +77,46 @@ def full_run(setup):
     return run, out
 
 
+LORA = ("train.max_steps=20", "train.lr=1e-2", "finetune.lora.rank=8", "finetune.lora.dropout=0.1",
+        "checkpoint.save_interval=10", "train.log_interval=1")
+
+
 @pytest.fixture(scope="module")
 def lora_run(setup):
-    """20 steps of LoRA (rank 8 on every projection), checkpoints at 10 and 20."""
+    """20 steps of LoRA (rank 8 on every projection, dropout 0.1 on the adapters' input), accumulation 2, checkpoints
+    at 10 and 20, every step logged."""
     run = setup / "runs" / "lora"
-    out = train(setup, run, "train.max_steps=20", "train.lr=1e-2", "finetune.lora.rank=8",
-                "checkpoint.save_interval=10")
+    out = train(setup, run, *LORA)
     return run, out
+
+
+def logged(run):
+    return [(r["step"], r.get("loss"), r.get("val_loss")) for r in records(run) if "loss" in r or "val_loss" in r]
+
+
+@pytest.mark.slow
+def test_lora_dropout_reruns_and_resumes_exactly(lora_run, setup, tmp_path, cache):
+    """LoRA's dropout masks are keyed on (seed, step, sample, site): the same run again in a compile cache of its own
+    logs the same losses, and so does a resume at accumulation 2 from its step-10 checkpoint."""
+    import shutil
+
+    run, _ = lora_run
+    again = tmp_path / "again"
+    old = os.environ.get("MS_LLM_CACHE")
+    os.environ["MS_LLM_CACHE"] = cache["MS_LLM_CACHE"]
+    try:
+        train(setup, again, *LORA)
+    finally:
+        os.environ["MS_LLM_CACHE"] = old if old is not None else os.environ.pop("MS_LLM_CACHE")
+    assert len(logged(run)) > 20 and logged(again) == logged(run)
+    resumed = tmp_path / "resumed"
+    shutil.copytree(run, resumed)
+    for step in ("step_00000020.ckpt", "step_00000020.json"):
+        os.remove(resumed / "checkpoints" / "rank_0" / step)
+    (resumed / "checkpoints" / "rank_0" / "latest").write_text("step_00000010")
+    code, out, err = cli("train", "--config", run / "config.yaml", "--run-dir", resumed, "--resume")
+    assert code == 0, err + out[-2000:]
+    assert logged(resumed) == logged(run)
 
 
 def test_fine_tuning_a_converted_qwen2_lowers_the_loss_on_the_responses(full_run, setup):
@@ -159,7 +192,7 @@ def test_lora_merged_export_gives_base_plus_adapters_in_transformers(lora_run, s
     hf = AutoModelForCausalLM.from_pretrained(str(setup / "merged_hf"), dtype=torch.float32).eval()
     with torch.no_grad():
         theirs = hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()[0]
-    from ms_llm.train.run_model import load_run_model
+    from ms_llm.train.setup.run_model import load_run_model
 
     _, model, _ = load_run_model(str(run), checkpoint=str(ckpt), overrides=["model.seq_length=32"])
     import mindspore as ms

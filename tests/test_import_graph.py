@@ -6,7 +6,8 @@ import os
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CORE = ("ms_llm.train", "ms_llm.data", "ms_llm.checkpoint", "ms_llm.monitor", "ms_llm.config", "ms_llm.nn",
         "ms_llm.parallel", "ms_llm.rundir")
-TOOLS = ("ms_llm.debug", "ms_llm.diagnose", "ms_llm.report", "ms_llm.tune", "ms_llm.cli")
+TOOLS = ("ms_llm.debug", "ms_llm.diagnose", "ms_llm.report", "ms_llm.tune", "ms_llm.eval", "ms_llm.cli")
+TOOL_PACKAGES = ("ms_llm.debug", "ms_llm.diagnose", "ms_llm.report", "ms_llm.tune", "ms_llm.eval")
 
 
 def modules(package="ms_llm"):
@@ -100,4 +101,33 @@ def test_the_core_never_imports_the_tools_and_models_never_import_training():
              if (m.startswith(CORE) and d.startswith(TOOLS))
              or (m.startswith(("ms_llm.nn", "model_zoo")) and d.startswith(("ms_llm.train", "ms_llm.parallel",
                                                                              "ms_llm.monitor") + TOOLS))]
+    assert not wrong, wrong
+
+
+def test_generation_never_imports_training_and_evaluation_only_what_it_reads():
+    """The KV cache and the generation loop work on a built model (`sample` and lm-eval both use them): nothing of
+    ms_llm.train; evaluation reads run directories and checkpoints, never the training loop or another tool."""
+    graph = import_graph({**modules(), **modules("model_zoo")})
+    wrong = [f"{m} imports {d}" for m, deps in graph.items() for d in deps
+             if (m.startswith(("ms_llm.generate", "ms_llm.nn.kv_cache")) and d.startswith("ms_llm.train"))
+             or (m.startswith("ms_llm.eval") and (d == "ms_llm.train.trainer" or
+                                                   (d.startswith(TOOLS) and not d.startswith("ms_llm.eval"))))]
+    assert not wrong, wrong
+
+
+def tool_arrows(graph):
+    """'a imports b' for every import from one tool package into another."""
+    def package(m):
+        return next((t for t in TOOL_PACKAGES if m == t or m.startswith(t + ".")), None)
+    return [f"{m} imports {d}" for m, deps in sorted(graph.items()) for d in sorted(deps)
+            if package(m) and package(d) and package(m) != package(d)]
+
+
+def test_the_tools_stand_side_by_side():
+    """debug, diagnose, report, tune and eval never import each other: what they share (the run directory, the
+    divergence criterion, the judgement of the first loss, the pages) lives below them, and ms_llm/cli.py wires one
+    tool's output into another (the report's diagnosis)."""
+    assert tool_arrows({"ms_llm.tune.x": {"ms_llm.diagnose.y", "ms_llm.tune.z"}}) == [
+        "ms_llm.tune.x imports ms_llm.diagnose.y"]  # the check itself sees a planted arrow
+    wrong = tool_arrows(import_graph(modules()))
     assert not wrong, wrong

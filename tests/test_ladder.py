@@ -9,10 +9,10 @@ import yaml
 
 from conftest import ROOT
 from ms_llm.errors import UserError
-from ms_llm.tune import ladder as lad
-from ms_llm.tune.ladder_plan import (EXACT, NOISE, OPTIONS, PLAIN, Machine, flatten, missing_hardware, plan_rungs,
+from ms_llm.tune.ladder import run as lad
+from ms_llm.tune.ladder.plan import (EXACT, NOISE, OPTIONS, PLAIN, Machine, flatten, missing_hardware, plan_rungs,
                                      seed_rung)
-from ms_llm.tune.ladder_verdict import Band, Curves, judge, seed_band
+from ms_llm.tune.ladder.verdict import Band, Curves, judge, seed_band
 
 BASE = {"model": {"num_layers": 2, "hidden_size": 32, "num_heads": 2, "seq_length": 32, "vocab_size": 60},
         "train": {"global_batch_size": 8, "micro_batch_size": 2, "max_steps": 2000, "warmup_steps": 5, "seed": 7},

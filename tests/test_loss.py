@@ -11,7 +11,7 @@ from ms_llm.config import load_config
 from ms_llm.errors import UserError
 from ms_llm.nn import cpu_kernels
 from ms_llm.nn.backend import PORTABLE, Backend
-from ms_llm.train.loss import ChunkedCrossEntropy, ChunkedCrossEntropyLoss, chunk_bounds
+from ms_llm.train.losses.chunked import ChunkedCrossEntropy, ChunkedCrossEntropyLoss, chunk_bounds
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 BACKENDS = [pytest.param(PORTABLE, id="ops"),
@@ -137,9 +137,10 @@ def test_evaluation_loss_equals_the_whole_logits():
 
 @pytest.mark.slow  # compiles two 1-layer GPT graphs with their gradients (~4 s idle)
 def test_loss_fn_of_a_model_with_accumulation_equals_the_whole_logits():
-    """Through the training step's LossFn on a real (tiny GPT) model: the divided loss and its gradients."""
+    """Through the run's loss cells on a real (tiny GPT) model, as the step calls them (grad_scale = loss scale /
+    accumulation): the scaled loss and its gradients, chunked and whole."""
     from model_zoo import build_model
-    from ms_llm.train.step import LossFn
+    from ms_llm.train.losses import ChunkedLoss, TokenLoss
 
     cfg = load_config(None, ["model.preset=tiny-gpt2", "model.num_layers=1", "model.vocab_size=61",
                              "model.seq_length=8"])
@@ -148,8 +149,9 @@ def test_loss_fn_of_a_model_with_accumulation_equals_the_whole_logits():
     for chunk in (0, 5):
         ms.set_seed(0)
         model = build_model(cfg.model, "float32")
-        fn = ms.jit(ms.value_and_grad(LossFn(model, 3, chunk), None, model.trainable_params(), has_aux=True))
-        (scaled, loss), grads = fn(ids, ms.Tensor(1024.0, ms.float32))
+        loss_cell = ChunkedLoss(model, 3, chunk) if chunk else TokenLoss(model, 3)
+        fn = ms.jit(ms.value_and_grad(loss_cell, None, model.trainable_params(), has_aux=True))
+        (scaled, loss), grads = fn(ms.Tensor(1024.0 / 3, ms.float32), ids)
         results.append((float(scaled.asnumpy()), float(loss.asnumpy()), [g.asnumpy() for g in grads]))
     (s0, l0, g0), (s1, l1, g1) = results
     assert s1 == pytest.approx(s0, rel=FP32_TOL) and s0 == pytest.approx(l0 * 1024 / 3, rel=1e-6)

@@ -242,10 +242,10 @@ def test_sorted_dispatch_gives_the_dense_paths_loss_and_gradients(capacity_facto
 
 @pytest.mark.slow
 def test_the_aux_loss_enters_the_differentiated_loss_under_the_accumulation_rule():
-    """LossFn of an MoE model differentiates (CE + aux) * scale / accum and logs CE; the router's gradient carries the
-    aux loss (with the coefficient at 0 it is the CE's alone)."""
+    """The routed loss of an MoE model differentiates (CE + aux) * scale / accum and logs CE; the router's gradient
+    carries the aux loss (with the coefficient at 0 it is the CE's alone)."""
     from model_zoo import build_model
-    from ms_llm.train.step import LossFn
+    from ms_llm.train.losses import RoutedLoss
 
     ids = ms.Tensor(np.random.default_rng(2).integers(0, 64, (2, 17)).astype(np.int32))
     router_grads, outs = {}, {}
@@ -253,12 +253,13 @@ def test_the_aux_loss_enters_the_differentiated_loss_under_the_accumulation_rule
         ms.set_seed(3)
         model = build_model(load_config(None, TINY + [f"model.moe={{num_experts: 4, aux_loss_coef: {coef}, "
                                                        f"z_loss_coef: {coef / 10}}}"]).model)
-        loss_fn = LossFn(model, accum=4)
-        out, grads = ms.value_and_grad(loss_fn, None, model.trainable_params(), has_aux=True)(ids, ms.Tensor(8.0))
+        loss_fn = RoutedLoss(model, accum=4)
+        out, grads = ms.value_and_grad(loss_fn, None, model.trainable_params(), has_aux=True)(ms.Tensor(8.0 / 4), ids)
         outs[coef] = [o.asnumpy() for o in out]
         router_grads[coef] = {p.name: g.asnumpy() for p, g in zip(model.trainable_params(), grads)
                               if "router" in p.name}
-        _, aux, stats = (t.asnumpy() for t in model.forward_with_router(ids[:, :-1]))
+        _, aux, stats = model.forward_layers(ids[:, :-1])
+        aux, stats = aux.asnumpy(), ms.ops.stack(stats).asnumpy()
         differentiated, ce = outs[coef][0], outs[coef][1]
         assert differentiated == pytest.approx((ce + aux) * 8.0 / 4, rel=1e-6)
         assert stats.shape == (2, 4 + 5) and outs[coef][2].shape == stats.shape
@@ -269,7 +270,7 @@ def test_the_aux_loss_enters_the_differentiated_loss_under_the_accumulation_rule
 # --- router statistics of a log interval --------------------------------------------------------------------
 
 def test_interval_fields_share_ratio_means_and_drops():
-    from ms_llm.train.router_stats import interval_fields
+    from ms_llm.train.loop.router_stats import interval_fields
 
     # two calls of layer 3: counts 30/10/20/0 of 60 assignments, lb sums 2.4, z sums 1.0, 6 dropped
     sums = np.array([[30, 10, 20, 0, 2.4, 1.0, 6, 60, 2]], np.float32)
@@ -284,12 +285,12 @@ def test_interval_fields_share_ratio_means_and_drops():
 def test_the_router_buffer_is_read_once_per_interval_and_zeroed():
     from types import SimpleNamespace
 
-    from ms_llm.train.router_stats import RouterStats
+    from ms_llm.train.loop.router_stats import RouterStats
 
     buffer = ms.Parameter(ms.Tensor(np.array([[3, 1, 1.0, 0.0, 0, 4, 1]], np.float32)), name="router_stats")
     m = load_config(None, TINY + ["model.moe={num_experts: 2, top_k: 2, layers: [1]}"]).model
     stats = RouterStats(SimpleNamespace(cfg=SimpleNamespace(model=m), step_fn=SimpleNamespace(
-        state=SimpleNamespace(router_stats=buffer))))
+        state=SimpleNamespace(aux_sums=[buffer]))))
     assert stats.read()["moe/1/share"] == [0.75, 0.25]
     assert stats.read() == {} and not buffer.asnumpy().any()  # zeroed: the next interval starts from nothing
 

@@ -73,6 +73,137 @@ def test_a_near_copy_is_found_and_memory_stays_bounded_however_long_the_stream()
     assert whole.positions["train"] == len(train) - 31
 
 
+class CopyingSketch(SplitOverlap):
+    """The sketch as it was before issue 33 (pending pieces in a list; compaction by concatenation and np.unique, each
+    step a copy): the reference the in-place one must equal, hash for hash."""
+
+    def __init__(self, k, capacity=overlap.CAPACITY):
+        super().__init__(k, capacity)
+        self.kept_ = {"train": np.zeros(0, np.uint64), "val": np.zeros(0, np.uint64)}
+        self.pending = {"train": [], "val": []}
+
+    @property
+    def kept(self):
+        return self.kept_
+
+    def add(self, split, tokens):
+        tokens = np.asarray(tokens, np.int64)
+        for lo in range(0, len(tokens), overlap.SLICE):
+            part = np.concatenate([self.tail[split], tokens[lo:lo + overlap.SLICE]])
+            self.tail[split] = part[len(part) - self.k + 1:] if len(part) >= self.k else part
+            h = shingle_hashes(part, self.k)
+            self.positions[split] += len(h)
+            h = h[h < self.limit[split]]
+            if len(h):
+                self.pending[split].append(h)
+                self.npending[split] += len(h)
+                if self.npending[split] >= self.capacity:
+                    self.compact(split)
+
+    def compact(self, split):
+        a = np.concatenate([self.kept_[split]] + self.pending[split])
+        a = np.unique(a) if split == "train" else np.sort(a)
+        self.pending[split], self.npending[split] = [], 0
+        while len(a) > self.capacity:
+            cut = a[len(a) // 2]
+            a = a[a < cut]
+            self.limit[split] = cut
+        self.kept_[split] = a
+
+    def share(self):
+        for split in ("train", "val"):
+            self.compact(split)
+        limit = min(self.limit["train"], self.limit["val"])
+        train = self.kept_["train"][self.kept_["train"] < limit]
+        val = self.kept_["val"][self.kept_["val"] < limit]
+        if not len(val) or not len(train):
+            return None, len(val)
+        pos = np.minimum(np.searchsorted(train, val), len(train) - 1)
+        return float(np.mean(train[pos] == val)), int(len(val))
+
+
+def test_the_in_place_sketch_keeps_exactly_what_the_copying_one_kept(monkeypatch):
+    """Same limits, same kept hashes after every add, same entry: with repeats within and across the splits (train
+    keeps distinct hashes, validation one per position), adds longer than a slice, and many compactions."""
+    monkeypatch.setattr(overlap, "SLICE", 3000)
+    rng = np.random.default_rng(5)
+    text = rng.integers(0, 40, 20_000)  # documents cut from one text: the splits share shingles, and repeat them
+    new, ref = SplitOverlap(4, capacity=700), CopyingSketch(4, capacity=700)
+    compactions = 0
+    for i in range(300):
+        split = "val" if i % 4 == 0 else "train"
+        start, n = int(rng.integers(0, len(text) - 8000)), int(rng.integers(1, 8000))
+        piece = text[start:start + n] if i % 7 else rng.integers(0, 40, n)
+        before = dict(ref.limit)
+        new.add(split, piece)
+        ref.add(split, piece)
+        compactions += before != ref.limit
+        assert new.limit == ref.limit and new.positions == ref.positions and new.npending == ref.npending
+        for s in ("train", "val"):
+            assert np.array_equal(new.kept[s], ref.kept_[s]), (i, s)
+    assert compactions > 10 and max(ref.limit.values()) < overlap._FULL
+    assert len(np.unique(ref.kept_["val"])) < len(ref.kept_["val"])  # validation kept repeats: the multiset case
+    assert new.result() == ref.result()
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 64, overlap.DEDUP_BLOCK])
+def test_in_place_deduplication_equals_np_unique(block):
+    rng = np.random.default_rng(block)
+    for n, high in ((0, 5), (1, 5), (50, 4), (1000, 30), (1000, 2 ** 62), (5000, 700)):
+        a = np.sort(rng.integers(0, high, n).astype(np.uint64))
+        want = np.unique(a)
+        count = overlap.dedup_sorted(a, block)
+        assert count == len(want) and np.array_equal(a[:count], want), (n, high)
+
+
+def test_compaction_works_in_place_in_one_block_of_memory():
+    """The sketch's buffer is allocated once, and compacting it (sort, deduplicate, halve) allocates a few blocks of
+    DEDUP_BLOCK hashes, less than one copy of what it holds: the copying sketch allocated three times what it held
+    (issue 33: its peak rose with the corpus until both splits had been compacted a few times)."""
+    import tracemalloc
+
+    capacity = 1 << 19
+    sketch = SplitOverlap(8, capacity=capacity)
+    compact, extra, held = sketch.compact, [], []
+
+    def measured(split):
+        held.append(8 * (sketch.nkept[split] + sketch.npending[split]))
+        tracemalloc.reset_peak()
+        at = tracemalloc.get_traced_memory()[0]
+        compact(split)
+        extra.append(tracemalloc.get_traced_memory()[1] - at)
+
+    sketch.compact = measured
+    rng = np.random.default_rng(0)
+    tracemalloc.start()
+    try:
+        sketch.add("train", rng.integers(0, 50_000, 100))
+        store = sketch.store["train"]
+        for _ in range(10):
+            sketch.add("train", rng.integers(0, 50_000, 600_000))
+    finally:
+        tracemalloc.stop()
+    assert len(extra) >= 3 and sketch.store["train"] is store and sketch.nkept["train"] <= capacity
+    assert all(e < min(h, 5 * 8 * overlap.DEDUP_BLOCK) for e, h in zip(extra, held)), (extra, held)
+
+
+def test_preprocessing_gives_the_same_dataset_with_either_sketch(tmp_path, monkeypatch):
+    """The whole dataset (manifest with its overlap entry, shards and their checksums) is the same with the in-place
+    sketch as with the copying one, on a corpus that makes a small sketch compact and sample many times."""
+    import ms_llm.data.preprocess as P
+
+    src = tmp_path / "docs.jsonl"
+    src.write_text("\n".join(json.dumps({"text": d}) for d in documents(120, 3)))
+    out = {}
+    for name, cls in (("in_place", SplitOverlap), ("copying", CopyingSketch)):
+        monkeypatch.setattr(P, "SplitOverlap", lambda k, cls=cls: cls(k, capacity=300))
+        m = preprocess(str(src), str(tmp_path / name), 16, "byte", 0.2, shard_mb=1, **QUIET)
+        out[name] = {k: v for k, v in m.items() if k not in ("seconds", "created")}
+    assert out["in_place"] == out["copying"]
+    o = out["copying"]["overlap"]
+    assert 0 < o["sampled_val_shingles"] < o["val_shingles"] / 10 and o["val_shingles_in_train"] > 0
+
+
 def test_unrelated_text_of_one_kind_shares_no_shingles_and_diverges_little():
     ids = shakespeare_ids(300_000)
     s = SplitOverlap(32)

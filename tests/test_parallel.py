@@ -9,7 +9,7 @@ import pytest
 
 from conftest import ROOT, ms_llm
 from ms_llm.config import load_config
-from ms_llm.train.resolve import resolve
+from ms_llm.train.setup.resolve import resolve
 from ms_llm.errors import UserError
 from ms_llm.parallel.layout import balanced_stages, build_plan
 
@@ -198,6 +198,7 @@ def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
     from model_zoo import build_model
     from ms_llm.nn.backend import Backend
     from ms_llm.train.optimizer import AdamW
+    from ms_llm.train import losses
     from ms_llm.train.session import pipeline_step
 
     c = cfg("model.preset=tiny-gpt2", "model.vocab_size=64", "model.num_layers=6", "parallel_config.pipeline_stage=3",
@@ -207,9 +208,10 @@ def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
     ascend = Backend("Ascend", layer_reuse=False)  # built as on Ascend (nothing is compiled or run here)
     with no_init_parameters():
         model = build_model(c.model, backend=ascend)
-    step = pipeline_step(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), c, plan, ascend)
+    loss = losses.choose(c, plan, {}, model, ascend, 6)  # the one place losses are chosen: the pipeline's
+    step = pipeline_step(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), loss, c, plan)
     assert type(model.layers[0]).__name__ == "DecoderLayer"  # not reused per layer: the micro-batch loss is,
-    assert type(step.pipeline.network).__name__ == "ReusedMicroBatchLoss"  # once for all micro-batches
+    assert type(step.pipeline.network).__name__ == "ReusedPipelineLoss"  # once for all micro-batches
     assert step.pipeline.micro_size == 6 and step.has_reducer  # PipelineGradReducer over the optimizer's weights
     assert len(step.reducer.accu_grads) == len(model.trainable_params())
     assert [layer.pipeline_stage for layer in model.layers] == [0, 0, 1, 1, 2, 2] == plan.stage_of_layer
@@ -238,8 +240,10 @@ from ms_llm.train.session import open_session
 cfg = load_config(os.path.join(sys.argv[2], "configs", "shakespeare_char.yaml"),
                   ["monitor.summary=false", "context.compile_cache=false", "model.num_layers=2",
                    f"data.dataset_dir={sys.argv[3]}", "data.source=null", "model.seq_length=32"] + sys.argv[4:])
+from ms_llm.train.step_runner import StepRunner
 s = open_session(cfg, echo=lambda *a: None)
-print("LOSSES", [float(s.train_step()[0].asnumpy()) for _ in range(4)])
+runner = StepRunner(s)
+print("LOSSES", [float(runner.step()[0].asnumpy()) for _ in range(4)])
 final = sorted(glob.glob(os.path.join(out, "**", "*execute*.ir"), recursive=True), key=os.path.getmtime)[-1]
 text = open(final).read()
 lines = text.splitlines()

@@ -10,9 +10,10 @@ import pytest
 from ms_llm.cli import main
 from ms_llm.errors import UserError
 from ms_llm.report import write_report
-from ms_llm.report.data import load_runs
-from ms_llm.report.downsample import minmax
-from ms_llm.report.payload import Builder
+from ms_llm.pages.runs import load_runs
+from ms_llm.pages.downsample import minmax
+from ms_llm.pages.payload import Builder
+from ms_llm.diagnose.engine import findings
 from synthetic_run import make_run
 
 CURVES = ["loss", "lr", "grad_norm", "loss_scale", "tokens_per_s", "ms_per_step", "mfu", "mem_gib", "data_wait"]
@@ -37,7 +38,7 @@ def section(html, sid):
 def test_single_run_has_every_panel_and_table(tmp_path):
     run = make_run(tmp_path / "full", steps=2000, log_interval=10, stats_every=100, profile=(300, 320),
                    spike_at=1230, nan_at=1500)
-    out = write_report(run)
+    out = write_report(run, diagnose=findings)  # the diagnosis as the trainer and `ms-llm report` hand it in
     assert out == os.path.join(run, "report.html")
     html = open(out, encoding="utf-8").read()
     found = panels(html)
@@ -80,7 +81,7 @@ def test_old_run_without_time_events_or_telemetry(tmp_path):
 def test_spikes_survive_thinning_and_the_page_stays_small(tmp_path):
     """100k steps logged every step: the page stays under 5 MB and the one-step spike is still drawn."""
     run = make_run(tmp_path / "long", steps=100_000, log_interval=1, spike_at=54_321, events=False, telemetry=False)
-    out = write_report(run, tmp_path / "long.html", diagnose=False)
+    out = write_report(run, tmp_path / "long.html")  # no diagnosis handed in
     assert os.path.getsize(out) < 5e6
     loss = next(p for p in payload(open(out, encoding="utf-8").read())["panels"] if p["id"] == "loss")
     x, y = loss["series"][0]["x"], np.array(loss["series"][0]["y"], dtype=float)
@@ -139,7 +140,7 @@ def test_report_survives_a_failing_diagnose(tmp_path, monkeypatch):
 
     monkeypatch.setattr(diagnose, "diagnose", boom)
     run = make_run(tmp_path / "r", steps=300)
-    html = open(write_report(run), encoding="utf-8").read()
+    html = open(write_report(run, diagnose=diagnose.findings), encoding="utf-8").read()
     assert "diagnose failed (RuntimeError: rule exploded)" in html
     assert "loss" in panels(html)
 
@@ -148,7 +149,7 @@ def test_run_in_progress_without_metrics(tmp_path):
     """The trainer may refresh the report before the first log line: a page with notes, not an error."""
     run = make_run(tmp_path / "young", steps=300)
     os.remove(os.path.join(run, "metrics.jsonl"))
-    html = open(write_report(run), encoding="utf-8").read()
+    html = open(write_report(run, diagnose=findings), encoding="utf-8").read()
     assert "loss: no log records yet" in html and "not diagnosed" in html
 
 
@@ -174,7 +175,7 @@ def test_align_tokens_needs_the_batch_shape(tmp_path):
 
 
 def test_payload_cannot_close_its_script_element():
-    from ms_llm.report.page import payload_json
+    from ms_llm.pages.html import payload_json
 
     text = payload_json({"detail": "</script><script>alert(1)</script>", "gap": None})
     assert "</" not in text and "<" not in text

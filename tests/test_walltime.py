@@ -84,6 +84,20 @@ def test_evaluation_taking_half_the_time_is_named_with_its_keys(tmp_path):
     assert any("one evaluation costs as much as 61 steps" in e for e in f.evidence), f.evidence
 
 
+def test_tensor_statistics_every_step_are_counted_per_probe_not_per_log_record(tmp_path):
+    """A log record's hooks_s sums the probes of its interval (50 at every = 1): the evidence and the cause both
+    price one probe, 2.0 s / 50 = 0.04 s = 0.81 steps of 49 ms (the training time less the data wait), not the
+    record's 40 steps."""
+    run = write_run(tmp_path / "stats", timed(hooks={"TensorStats": 2.0}), ["monitor.tensor_stats.every=1"])
+    f = finding(run, "wall_time")
+    assert f.symptom.startswith("tensor statistics takes") and "monitor.tensor_stats" in f.symptom
+    assert any("2000 time(s) in 40 log records, 2 s per record (median; 0.04 s each)" in e for e in f.evidence), \
+        f.evidence
+    assert any("one tensor statistics costs as much as 0.81 steps" in e for e in f.evidence), f.evidence
+    assert "each probe costs about 0.81 steps" in f.causes[0]
+    assert f.actions[0] == "--set monitor.tensor_stats.every=20 (statistics about 5% of the time)"
+
+
 def test_synchronous_checkpoints_are_named_with_async_save_first(tmp_path):
     run = write_run(tmp_path / "ckpt", timed(ckpt_every=50, ckpt_s=2.0), ["checkpoint.save_interval=50"])
     f = finding(run, "wall_time")

@@ -3,22 +3,32 @@
 The training thread only takes a host copy of the state (`state.capture`); writing, checksumming,
 pruning and uploading happen after. With `async_save`, at most one save is in flight: a new one first
 waits for the previous, and `close()` waits for the last, so the on-disk guarantees of `store.save`
-hold unchanged.
+hold unchanged. Uploads never wait in the training thread: each checkpoint is queued for the upload
+worker process (remote/uploads.py), and a checkpoint still queued is not pruned until it is sent.
 """
 import os
+import re
 import threading
 
 from ms_llm.checkpoint import remote, store
+from ms_llm.checkpoint.remote.uploads import RemoteMirror
+from ms_llm.rundir import names
 
-RUN_FILES = ("metrics.jsonl", "config.yaml", "run_info.json")
+# the run's own files, mirrored beside the checkpoints (and pulled back by a fresh machine): names.RUN_FILES
+RUN_FILES = names.RUN_FILES
 
 
 class CheckpointSaver:
-    def __init__(self, run_dir, rank, ckpt_cfg, log=print):
+    def __init__(self, run_dir, rank, ckpt_cfg, log=print, events=None):
+        """`events`: where upload outcomes go as metrics records (MetricsWriter.write); None: nowhere."""
         self.run_dir, self.rank, self.cfg, self.log = run_dir, rank, ckpt_cfg, log
         self.directory = store.rank_dir(run_dir, rank)
         self.remote = ckpt_cfg.remote_dir
-        self.uploader = remote.make_uploader(self.remote, ckpt_cfg.uploader) if self.remote else None
+        self.mirror = None
+        if self.remote:
+            remote.make_uploader(self.remote, ckpt_cfg.uploader, ckpt_cfg.remote_endpoint)  # bad input: refused now
+            self.mirror = RemoteMirror(self.remote, ckpt_cfg.uploader, ckpt_cfg.remote_endpoint,
+                                       ckpt_cfg.upload_budget_s, log, events)
         self._thread = None
         self._error = None
         self.last_path = None
@@ -35,27 +45,33 @@ class CheckpointSaver:
 
     def _write(self, step, arrays, meta):
         try:
-            self.last_path = store.save(self.directory, step, arrays, meta, self.cfg.format, self.cfg.keep_last)
+            self.last_path = store.save(self.directory, step, arrays, meta, self.cfg.format, keep_last=None)
             self.upload(step)
+            self.prune()
         except Exception as e:  # surfaced in the training thread by wait()
             self._error = e
 
+    def prune(self):
+        if self.cfg.keep_last:
+            store.prune(self.directory, self.cfg.keep_last,
+                        protect=self.mirror.pending_steps() if self.mirror is not None else ())
+
     def upload(self, step=None):
-        """Mirror the newest checkpoint (if `step`) and the run's metrics/config to checkpoint.remote_dir."""
-        if self.uploader is None:
+        """Queue the checkpoint `step` (tensors, manifest, then `latest`) for the remote, or, without a step, the
+        run's files (rank 0), and then wait for everything queued: the end of training (at most
+        checkpoint.upload_budget_s)."""
+        if self.mirror is None:
             return
-        files = []
         if step is not None:
             name = f"step_{step:08d}"
-            files += [os.path.join(self.directory, f) for f in os.listdir(self.directory)
-                      if f.startswith(name + ".")] + [os.path.join(self.directory, "latest")]
+            tensors = [f for f in os.listdir(self.directory) if f.startswith(name + ".") and not f.endswith(".json")]
+            files = [os.path.join(self.directory, f) for f in tensors + [name + ".json", "latest"]]
+            self.mirror.submit(step, [(f, os.path.relpath(f, self.run_dir)) for f in files])
+            return
         if self.rank == 0:
-            files += [os.path.join(self.run_dir, f) for f in RUN_FILES]
-        for f in files:
-            if os.path.isfile(f):
-                rel = os.path.relpath(f, self.run_dir)
-                remote.with_retries(lambda f=f, rel=rel: self.uploader.put(f, remote.join(self.remote, rel)),
-                                    f"upload of {rel} to {remote.redact(self.remote)}", self.log)
+            self.mirror.submit(None, [(os.path.join(self.run_dir, f), f) for f in RUN_FILES])
+        self.mirror.drain()
+        self.prune()  # what waited for its upload may go now
 
     def check(self):
         """Raise the error of a background save that failed (called every step: training stops at the next step)."""
@@ -78,17 +94,20 @@ class CheckpointSaver:
 
 
 def pull_newest(remote_dir, uploader, run_dir, rank, log=print):
-    """Copy the newest remote checkpoint of `rank` into an empty local run dir. Returns its step or None."""
-    remote_rank = remote.join(remote_dir, "checkpoints", f"rank_{rank}")
-    names = uploader.listdir(remote_rank)
-    steps = sorted({int(n[5:13]) for n in names if n.startswith("step_") and n.endswith(".json")}, reverse=True)
+    """Copy the newest complete remote checkpoint of `rank` into an empty local run dir. Returns its step or None.
+
+    Complete: its manifest is there, the tensor file has the manifest's size on the remote (checked before it is
+    downloaded) and, downloaded, its SHA-256; a newer one that fails any of these is reported and skipped."""
+    remote_rank = remote.join(remote_dir, names.CHECKPOINTS, f"rank_{rank}")
+    listed = uploader.listdir(remote_rank)
+    steps = sorted({int(n[5:13]) for n in listed if re.match(r"^step_\d{8}\.json$", n)}, reverse=True)
     local = store.rank_dir(run_dir, rank)
     for step in steps:
-        files = [n for n in names if n.startswith(f"step_{step:08d}.")]
-        for n in files:
-            uploader.get(remote.join(remote_rank, n), os.path.join(local, n))
-        manifest, why = store.verify(local, step)
-        if manifest is not None:
+        name = f"step_{step:08d}"
+        why = fetch_checkpoint(uploader, remote_rank, local, name)
+        if why is None:
+            manifest, why = store.verify(local, step)
+        if why is None:
             top = uploader.listdir(remote_dir)
             for f in RUN_FILES:  # the run's history comes along, so it continues in one metrics file
                 if f in top and not os.path.exists(os.path.join(run_dir, f)):
@@ -96,6 +115,30 @@ def pull_newest(remote_dir, uploader, run_dir, rank, log=print):
             log(f"pulled checkpoint step {step} from {remote.redact(remote_dir)}")
             return step
         log(f"warning: remote checkpoint step {step} is unusable ({why}); trying the previous one")
-        for n in files:
-            os.remove(os.path.join(local, n))
+        for n in os.listdir(local) if os.path.isdir(local) else []:
+            if n.startswith(name + "."):
+                os.remove(os.path.join(local, n))
+    return None
+
+
+def fetch_checkpoint(uploader, remote_rank, local, name):
+    """Download checkpoint `name`'s manifest, then its tensor file if the remote one has the manifest's size.
+    Returns None, or why the checkpoint is unusable."""
+    import json
+
+    manifest_path = os.path.join(local, name + ".json")
+    uploader.get(remote.join(remote_rank, name + ".json"), manifest_path)
+    try:
+        with open(manifest_path, encoding="utf-8") as f:
+            manifest = json.load(f)
+        tensors, expected = manifest["file"], manifest["bytes"]
+    except (OSError, ValueError, KeyError) as e:
+        return f"unreadable manifest ({type(e).__name__})"
+    size = remote.remote_size(uploader, remote.join(remote_rank, tensors))
+    if size is not None and size != expected:
+        return f"the remote {tensors} has {size} bytes, its manifest says {expected} (half-written)"
+    try:
+        uploader.get(remote.join(remote_rank, tensors), os.path.join(local, tensors))
+    except Exception as e:  # noqa: BLE001 (absent or unreadable: either way not a checkpoint)
+        return f"{tensors} cannot be downloaded ({type(e).__name__})"
     return None

@@ -14,8 +14,6 @@ import numpy as np
 from ms_llm.config import to_dict
 from ms_llm.errors import UserError
 
-# zero at every step boundary, or constant: not state ("accu_grads."/"scale_sense": the pipeline's gradient reducer)
-TRANSIENT = ("grad_accum.", "accum_loss", "accu_grads.", "scale_sense")
 OPTIMIZER_PREFIXES = ("adam_m.", "adam_v.")
 OPTIMIZER_NAMES = ("adam_step",)
 # config keys that must match between a checkpoint and the run resuming it
@@ -24,25 +22,11 @@ MUST_MATCH = {"model": ("arch", "num_layers", "hidden_size", "num_heads", "num_k
               "parallel_config": ("data_parallel", "model_parallel", "pipeline_stage")}
 
 
-def train_parameters(step_fn):
-    """{name: Parameter} under the parameters' own names ("layers.0.attention.qkv.weight", "adam_m.<same>",
-    "loss_scale", ...): the names a model or optimizer gives them, not the wrapper cells' attribute paths. The frozen
-    base weights of a LoRA run are not among them: its checkpoints hold the adapters (checkpoint/lora.py)."""
-    frozen = frozen_parameters(step_fn)
-    return {p.name: p for p in step_fn.get_parameters() if not p.name.startswith(TRANSIENT) and p.name not in frozen}
-
-
-def frozen_parameters(step_fn):
-    """Names of the model's parameters that do not train (LoRA's base weights; none in a plain run)."""
-    model = getattr(getattr(step_fn, "loss_fn", None), "model", None)
-    return set() if model is None else {p.name for p in model.get_parameters() if not p.requires_grad}
-
-
 def capture(session):
     """A host copy of the training state: safe to write from another thread while training goes on."""
     import mindspore as ms
 
-    arrays = {name: np.array(p.asnumpy(), copy=True) for name, p in train_parameters(session.step_fn).items()}
+    arrays = {name: np.array(p.asnumpy(), copy=True) for name, p in session.checkpoint_parameters().items()}
     arrays["rng_state"] = np.array(ms.get_rng_state().asnumpy(), copy=True)
     return arrays
 
@@ -90,8 +74,8 @@ def restore(session, arrays, path, weights_only=False, warn=print):
     """Load `arrays` into the training step's parameters; explain every mismatch, change nothing on error."""
     import mindspore as ms
 
-    params = train_parameters(session.step_fn)
-    model_names = {p.name for p in session.model.get_parameters() if p.name in params}
+    params = session.checkpoint_parameters()
+    model_names = session.model_parameter_names() & set(params)
     wanted = model_names if weights_only else set(params)
     missing = sorted(n for n in wanted if n not in arrays)
     shape_bad = sorted(f"{n} {tuple(arrays[n].shape)} vs {tuple(params[n].shape)}" for n in wanted

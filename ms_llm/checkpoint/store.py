@@ -15,13 +15,14 @@ import re
 import numpy as np
 
 from ms_llm.fileio import atomic_write_bytes, sha256_file
+from ms_llm.rundir import names
 
 STEP_RE = re.compile(r"^step_(\d+)\.(ckpt|safetensors)$")
 EXTENSIONS = {"ckpt": ".ckpt", "safetensors": ".safetensors"}
 
 
 def rank_dir(run_dir, rank):
-    return os.path.join(run_dir, "checkpoints", f"rank_{rank}")
+    return names.rank_checkpoints(run_dir, rank)
 
 
 def _fsync_dir(path):
@@ -159,10 +160,13 @@ def checkpoint_path(directory, manifest):
     return os.path.join(directory, manifest["file"])
 
 
-def prune(directory, keep_last):
-    """Delete all but the newest `keep_last` complete checkpoints (incomplete newer ones are left alone)."""
+def prune(directory, keep_last, protect=()):
+    """Delete all but the newest `keep_last` complete checkpoints (incomplete newer ones are left alone, and so are
+    the steps in `protect`: checkpoints still waiting for their upload)."""
     complete = [s for s in list_checkpoints(directory) if verify_quick(directory, s)]
     for step in complete[keep_last:]:
+        if step in protect:
+            continue
         for f in os.listdir(directory):
             if f.startswith(f"step_{step:08d}."):
                 try:

@@ -3,12 +3,14 @@
 Every problem becomes a `UserError` naming the field, the value and the fix, raised before any graph
 is compiled or any file is written.
 """
+import copy
 import dataclasses
 import os
 import typing
 
 import yaml
 
+from ms_llm.config.foreign import looks_like_mindformers
 from ms_llm.config.schema import Config
 from ms_llm.errors import UserError, closest
 
@@ -24,14 +26,56 @@ RETIRED = {
 def load_config(path=None, overrides=(), validate=True):
     """Read `path` (YAML), apply `overrides` (["section.key=value", ...]) and return a `Config`."""
     raw = read_yaml(path) if path else {}
+    return config_from_dict(raw, overrides) if validate else from_dict(apply_overrides(raw, overrides))
+
+
+def config_from_dict(raw, overrides=()):
+    """The validated Config of a plain dict (sections → keys → values) with `overrides` applied: how every command
+    and tool builds a config that is not a file (a checkpoint's record, a converted model, a debugging variant)."""
+    from ms_llm.config.validate import validate_config
+
+    return validate_config(from_dict(apply_overrides(raw, overrides)))
+
+
+def with_overrides(cfg, overrides):
+    """`cfg` with `overrides` (["section.key=value", ...]) applied, validated again."""
+    return config_from_dict(to_dict(cfg), overrides)
+
+
+def apply_overrides(raw, overrides):
+    raw = copy.deepcopy(raw)
     for item in overrides:
         apply_override(raw, item)
-    cfg = from_dict(raw)
-    if validate:
-        from ms_llm.config.validate import validate_config
+    return raw
 
-        cfg = validate_config(cfg)
-    return cfg
+
+class DuplicateKey(yaml.YAMLError):
+    def __init__(self, where, first, second):
+        super().__init__(f"{where} at lines {first} and {second}")
+        self.where, self.first, self.second = where, first, second
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a mapping giving one key twice (PyYAML keeps the last one without a word)."""
+
+    def construct_document(self, node):
+        refuse_repeated_keys(node)
+        return super().construct_document(node)
+
+
+def refuse_repeated_keys(node, path=""):
+    if isinstance(node, yaml.MappingNode):
+        seen = {}
+        for key_node, value_node in node.value:
+            key = key_node.value if isinstance(key_node, yaml.ScalarNode) else str(key_node.value)
+            where = f"{path}.{key}" if path else key
+            if key in seen:
+                raise DuplicateKey(f"'{where}'", seen[key], key_node.start_mark.line + 1)
+            seen[key] = key_node.start_mark.line + 1
+            refuse_repeated_keys(value_node, where)
+    elif isinstance(node, yaml.SequenceNode):
+        for item in node.value:
+            refuse_repeated_keys(item, path)
 
 
 def read_yaml(path):
@@ -40,7 +84,10 @@ def read_yaml(path):
                         f"e.g. --config configs/shakespeare_char.yaml (paths are relative to the current directory).")
     try:
         with open(path, encoding="utf-8") as f:
-            raw = yaml.safe_load(f)
+            raw = yaml.load(f, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader that refuses repeated keys)
+    except DuplicateKey as e:
+        raise UserError(f"config file '{path}' gives {e.where} twice (line {e.first} and line {e.second}); YAML would "
+                        f"silently keep the second. Keep one of them.") from None
     except OSError as e:
         raise UserError(f"config file '{path}' cannot be read ({e.strerror}). Check its permissions.") from None
     except yaml.YAMLError as e:
@@ -84,9 +131,7 @@ def from_dict(raw):
     raw = dict(raw)
     for name in raw:
         if name not in SECTIONS:
-            from ms_llm.interop.mindformers.detect import looks_like_mindformers  # name a MindFormers file as one
-
-            if looks_like_mindformers(raw):
+            if looks_like_mindformers(raw):  # name a MindFormers file as one
                 raise UserError(looks_like_mindformers(raw))
             hint = closest(name, SECTIONS)
             raise UserError(f"unknown config section '{name}'"

@@ -103,8 +103,11 @@ class DataConfig:
     text_field: str = opt("text", "JSONL key holding the document text")
     format: str = opt("text", "what data.source holds: text (documents), chat (JSONL of {messages: [{role, content}]}) "
                               "or instruction (JSONL of {prompt, response}); the last two are rendered with the "
-                              "tokenizer's chat template, with a loss mask on the responses (docs/finetuning.md)",
-                      choices=("text", "chat", "instruction"))
+                              "tokenizer's chat template, with a loss mask on the responses (docs/finetuning.md); "
+                              "preference: JSONL of {prompt | messages, chosen, rejected} (docs/preference.md)",
+                      choices=("text", "chat", "instruction", "preference"))
+    shuffle: bool = opt(True, "draw the training samples in a new random order each epoch (train.seed); false: "
+                              "in file order, epoch after epoch")
     num_workers: int = opt(1, "dataset reader threads")
     blend: Optional[List[List[Union[float, str]]]] = opt(
         None, "mix preprocessed datasets by weight, e.g. [[0.7, data/web], [0.3, data/code]] (null: dataset_dir "
@@ -150,6 +153,9 @@ class TrainConfig:
                                        "loss within float32 rounding (0: the whole (tokens, vocab) logits at once)")
     anomaly: Optional[AnomalyConfig] = opt(None, "anomaly guard: skip spiking updates, roll back after repeated "
                                                  "non-finite steps (null: off; true: defaults)")
+    stop_on: Optional[List[str]] = opt(None, "end the run (with a checkpoint, the finding as the reason) when the live "
+                                             "diagnosis (monitor.diagnose) finds something of these severities, e.g. "
+                                             "[error] or [warning, error] (null: never)")
 
 
 @dataclass(frozen=True)
@@ -193,8 +199,17 @@ class CheckpointConfig:
     format: str = opt("ckpt", "tensor file format", choices=("ckpt", "safetensors"))
     async_save: bool = opt(False, "write checkpoints in a background thread (training continues meanwhile)")
     remote_dir: Optional[str] = opt(None, "obs://, s3:// or a directory: every completed checkpoint and the run's "
-                                          "metrics are copied there")
-    uploader: Optional[str] = opt(None, "'package.module:Class' with put/get/listdir, for other remote stores")
+                                          "metrics are copied there in the background, verified by size and SHA-256 "
+                                          "(credentials only from the environment: docs/checkpoints.md)")
+    remote_endpoint: Optional[str] = opt(None, "the object store's URL, e.g. https://obs.cn-north-4.myhuaweicloud.com "
+                                               "or http://minio:9000 (null: AWS_ENDPOINT_URL / OBS_ENDPOINT, else "
+                                               "AWS itself)")
+    uploader: Optional[str] = opt(None, "how remote_dir is reached (null: by its scheme): s3 (boto3; also OBS's S3 "
+                                        "protocol), obs (esdk-obs-python), moxing (ModelArts), local, or "
+                                        "'package.module:Class' with put/get/listdir")
+    upload_budget_s: float = opt(600.0, "how long one checkpoint's upload is retried in the background (backoff "
+                                        "from 1 s to 30 s) before it is left only local; the end of training waits "
+                                        "for each upload still queued to succeed or spend it")
     strategy_dir: Optional[str] = opt(None, "where semi-auto parallel saves its strategy file per rank (null: "
                                             "<run dir>/strategy); kept with the checkpoints for resharding")
     load_weights: Optional[str] = opt(None, "initialise the model from this checkpoint's weights (e.g. one "
@@ -215,6 +230,18 @@ class LoraConfig:
 
 
 @dataclass(frozen=True)
+class PreferenceConfig:
+    loss: str = opt("dpo", "the objective on chosen/rejected pairs: dpo (TRL's DPOTrainer loss_type sigmoid), ipo "
+                           "(TRL's ipo: log-ratios averaged over tokens), both against the frozen reference (the "
+                           "run's starting weights; LoRA: the base with adapters off); simpo (TRL's CPOTrainer "
+                           "loss_type simpo with cpo_alpha 0: no reference)", choices=("dpo", "ipo", "simpo"))
+    beta: float = opt(0.1, "β: DPO's temperature (the reward is β · log-ratio to the reference), IPO's "
+                           "regularisation (target margin 1/(2β)), SimPO's reward scale (SimPO's paper uses 2-2.5)")
+    simpo_gamma: float = opt(0.5, "simpo: target reward margin γ (the loss subtracts γ/β from the per-token "
+                                  "log-prob margin; TRL's simpo_gamma)")
+
+
+@dataclass(frozen=True)
 class FinetuneConfig:
     loss_mask: bool = opt(True, "with a chat/instruction dataset: the loss counts the response tokens only (its "
                                 "loss_mask column); false: every token, prompts included")
@@ -224,6 +251,9 @@ class FinetuneConfig:
     lora: Optional[LoraConfig] = opt(None, "LoRA adapters on the attention and MLP projections, base weights frozen, "
                                            "e.g. {rank: 8, alpha: 16} (null: full fine-tuning; needs "
                                            "checkpoint.load_weights)")
+    preference: Optional[PreferenceConfig] = opt(None, "with a preference dataset (preprocess --format preference): "
+                                                       "the objective, e.g. {loss: dpo, beta: 0.1} (null: DPO, beta "
+                                                       "0.1; docs/preference.md)")
 
 
 @dataclass(frozen=True)
@@ -240,6 +270,9 @@ class TensorStatsConfig:
     vanish_norm: float = opt(1e-8, "a gradient norm below this ...")
     vanish_records: int = opt(3, "... for this many consecutive records is flagged as vanishing")
     explode_zscore: float = opt(6.0, "a gradient norm this many std devs above its recent history is flagged")
+
+
+TRACKERS = ("mlflow", "swanlab")  # the experiment trackers of ms_llm/monitor/trackers/
 
 
 @dataclass(frozen=True)
@@ -260,6 +293,30 @@ class MonitorConfig:
                                                           "stats.jsonl, e.g. {every: 100} (null: off)")
     profile: Optional[ProfileConfig] = opt(None, "profile a window of steps with mindspore.profiler, e.g. "
                                                  "{start_step: 10, stop_step: 20} (null: off)")
+    trackers: List[str] = opt([], "experiment trackers that get the config, every metrics.jsonl record, the events "
+                                  "and the report: mlflow (MLFLOW_TRACKING_URI), swanlab (SWANLAB_MODE; offline by "
+                                  "default, under <run>/swanlog); docs/trackers.md")
+    tracker_project: Optional[str] = opt(None, "the trackers' experiment / project name (null: MLFLOW_EXPERIMENT_NAME "
+                                               "or SWANLAB_PROJ_NAME, else 'ms_llm')")
+    diagnose: bool = opt(True, "run ms-llm diagnose's rules while training: the cheap ones at log intervals (at "
+                               "most ~2% of the time), all at every evaluation; a finding new since the last check "
+                               "prints as 'diagnose: [severity] ...' and is an event in metrics.jsonl")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    tasks: List[str] = opt([], "lm-eval tasks evaluated during training, e.g. [shakespeare_cloze] (the bundled demo "
+                               "task) or your own under include_path; empty: none (docs/evaluation.md; needs the eval "
+                               "extra)")
+    interval: int = opt(0, "steps between task evaluations, a multiple of train.eval_interval (they run beside "
+                           "validation, paused out of tokens/s); 0: at the end only")
+    limit: Optional[float] = opt(None, "documents per task per evaluation (below 1: a share of them); null: all")
+    at_start: bool = opt(True, "also evaluate the initial weights before the first step of a fresh run (the chance "
+                               "baseline)")
+    include_path: List[str] = opt([], "folders of task YAML files (local tasks: dataset_path: json, data_files)")
+    num_fewshot: Optional[int] = opt(None, "few-shot examples per prompt (null: each task's own)")
+    batch_size: Optional[int] = opt(None, "requests per model call (null: as many as keep a batch's float32 logits "
+                                          "within 1 GiB, at most 32)")
 
 
 @dataclass(frozen=True)
@@ -289,4 +346,5 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     finetune: FinetuneConfig = field(default_factory=FinetuneConfig)
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     context: ContextConfig = field(default_factory=ContextConfig)

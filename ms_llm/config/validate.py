@@ -2,12 +2,14 @@
 
 `validate_config` runs on every load: static checks, and the values derived from the config alone (key/value
 heads, FFN width). Values that depend on the launch (data-parallel size) and the data (vocabulary) are filled in
-once, by ms_llm.train.resolve (with `check_against_dataset` here), into new Config objects; a loaded config is
+once, by ms_llm.train.setup.resolve (with `check_against_dataset` here), into new Config objects; a loaded config is
 never changed (its sections are frozen dataclasses).
 """
 from dataclasses import replace
 
-from ms_llm.errors import UserError
+from ms_llm.errors import UserError, closest
+
+STOP_SEVERITIES = ("warning", "error")  # train.stop_on: what the live diagnosis may end a run for
 
 
 def derived_ffn_hidden_size(m):
@@ -34,6 +36,11 @@ def validate_config(cfg):
     for name, v in positive:
         if v <= 0:
             raise UserError(f"{name} = {v} must be a positive integer.")
+    bad = [x for x in (t.stop_on or []) if x not in STOP_SEVERITIES]
+    if bad:
+        raise UserError(f"train.stop_on = {list(t.stop_on)}: {bad[0]!r} is not a severity. List the severities of "
+                        f"the live diagnosis that end the run: {', '.join(STOP_SEVERITIES)} (e.g. [error]), or null "
+                        f"to never stop.")
     for name, v in [("model.num_kv_heads", m.num_kv_heads), ("model.ffn_hidden_size", m.ffn_hidden_size),
                     ("model.vocab_size", m.vocab_size), ("parallel_config.data_parallel",
                                                          cfg.parallel_config.data_parallel)]:
@@ -65,8 +72,9 @@ def validate_config(cfg):
         raise UserError(f"model.dropout = {m.dropout} must be in [0, 1).")
     if m.init_std <= 0:
         raise UserError(f"model.init_std = {m.init_std} must be > 0 (GPT-2 uses 0.02).")
-    if not 0.0 < cfg.data.val_fraction < 1.0:
-        raise UserError(f"data.val_fraction = {cfg.data.val_fraction} must be between 0 and 1 (e.g. 0.1).")
+    if not 0.0 <= cfg.data.val_fraction < 1.0:
+        raise UserError(f"data.val_fraction = {cfg.data.val_fraction} must be at least 0 and below 1 (e.g. 0.1; 0: no "
+                        f"validation split).")
     if t.lr <= 0 or t.min_lr < 0 or t.min_lr > t.lr:
         raise UserError(f"train.lr = {t.lr} and train.min_lr = {t.min_lr}: need 0 <= min_lr <= lr and lr > 0.")
     if t.warmup_steps < 0:
@@ -96,14 +104,80 @@ def validate_config(cfg):
         raise UserError(f"monitor.profile: start_step = {prof.start_step}, stop_step = {prof.stop_step}: need "
                         f"0 <= start_step < stop_step (start after the first step to keep compilation out).")
     check_finetune(cfg.finetune)
+    check_preference(cfg)
+    check_eval(cfg)
     if cfg.checkpoint.save_interval < 0 or cfg.checkpoint.keep_last < 1:
         raise UserError(f"checkpoint.save_interval = {cfg.checkpoint.save_interval} must be >= 0 and "
                         f"checkpoint.keep_last = {cfg.checkpoint.keep_last} must be >= 1.")
+    if not cfg.checkpoint.upload_budget_s > 0:
+        raise UserError(f"checkpoint.upload_budget_s = {cfg.checkpoint.upload_budget_s} must be > 0: the seconds one "
+                        f"checkpoint's upload is retried before it is left only local.")
+    check_trackers(cfg.monitor.trackers)
     return cfg
 
 
+def check_trackers(names):
+    from ms_llm.config.schema import TRACKERS
+
+    bad = [n for n in names if n not in TRACKERS]
+    if bad or len(set(names)) != len(names):
+        what = f"'{bad[0]}' is not a tracker ms_llm knows" if bad else "names a tracker twice"
+        hint = closest(str(bad[0]), TRACKERS) if bad else None
+        raise UserError(f"monitor.trackers = {list(names)}: {what}" + (f" (did you mean '{hint}'?)" if hint else "")
+                        + f". Choose from: {', '.join(TRACKERS)}, e.g. monitor.trackers: [mlflow, swanlab].")
+
+
+def check_eval(cfg):
+    """The eval: section (task evaluation during training, ms_llm.eval.hook): it runs beside validation."""
+    e, t, pc = cfg.eval, cfg.train, cfg.parallel_config
+    if e.interval < 0 or (e.batch_size is not None and e.batch_size < 1) or \
+            (e.num_fewshot is not None and e.num_fewshot < 0):
+        raise UserError(f"eval.interval = {e.interval}, eval.batch_size = {e.batch_size}, eval.num_fewshot = "
+                        f"{e.num_fewshot}: need interval >= 0, batch_size >= 1 (or null) and num_fewshot >= 0 (or "
+                        f"null).")
+    if e.limit is not None and (e.limit <= 0 or (e.limit >= 1 and e.limit != int(e.limit))):
+        raise UserError(f"eval.limit = {e.limit} evaluates nothing or a part of a document: give a number of documents "
+                        f"per task (e.g. 200), a share below 1 (e.g. 0.1), or null for all of them.")
+    if not e.tasks:
+        return
+    if e.interval and (not t.eval_interval or e.interval % t.eval_interval):
+        fix = (f"a multiple of it (e.g. {t.eval_interval * max(1, round(e.interval / t.eval_interval))})"
+               if t.eval_interval else "a multiple of a train.eval_interval you set")
+        raise UserError(f"eval.interval = {e.interval} is not a multiple of train.eval_interval = {t.eval_interval}: "
+                        f"task evaluation runs beside validation, every eval.interval steps and at the end. Set "
+                        f"eval.interval to {fix}, or to 0 for the end only.")
+    if pc.pipeline_stage > 1 or pc.model_parallel > 1:
+        raise UserError(f"eval.tasks = {list(e.tasks)} with parallel_config.pipeline_stage = {pc.pipeline_stage} and "
+                        f"model_parallel = {pc.model_parallel}: task evaluation during training runs on whole "
+                        f"replicas of the model (one device or data parallel). Evaluate the run's checkpoints "
+                        f"afterwards with `ms-llm eval --run-dir RUN --checkpoint F`, or set eval.tasks: [].")
+
+
+def check_preference(cfg):
+    """finetune.preference (preference optimisation, ms_llm/train/losses/preference.py): its values, and the layouts
+    and models it does not run with. A preference dataset without the section is checked against the layout with
+    the other fine-tuning data (ms_llm.train.setup.finetune.check)."""
+    p, pc = cfg.finetune.preference, cfg.parallel_config
+    if p is None and cfg.data.format != "preference":
+        return
+    if p is not None and p.beta <= 0:
+        raise UserError(f"finetune.preference.beta = {p.beta} must be positive (DPO's usual value is 0.1; "
+                        f"SimPO's paper uses 2 to 2.5).")
+    if pc.pipeline_stage > 1:
+        raise UserError(f"preference optimisation (finetune.preference, or data.format: preference) with "
+                        f"parallel_config.pipeline_stage = {pc.pipeline_stage}: the pair loss needs both sequences' "
+                        f"log-probs of a pair in one place and the reference pass beside the step, which the "
+                        f"pipelined step does not have. Use data parallelism (pipeline_stage: 1); LoRA "
+                        f"(finetune.lora) keeps a large model's optimizer state small enough to fit.")
+    if cfg.model.moe is not None:
+        raise UserError("preference optimisation (finetune.preference, or data.format: preference) with model.moe: "
+                        "the pair loss does not add the router's load-balancing loss, so the experts would collapse "
+                        "unnoticed. Run it on a dense model (remove model.moe), or train the MoE model with "
+                        "supervised fine-tuning (--format chat).")
+
+
 def check_finetune(ft):
-    """finetune.lora's values (the checks against data and layout are ms_llm.train.finetune.check's)."""
+    """finetune.lora's values (the checks against data and layout are ms_llm.train.setup.finetune.check's)."""
     lora = ft.lora
     if lora is None:
         return

@@ -23,6 +23,7 @@ import numpy as np
 from ms_llm.data import chat
 from ms_llm.data.chat_pack import COLUMNS, ConversationPacker
 from ms_llm.data.manifest import MANIFEST, SCHEMA_VERSION
+from ms_llm.data.preference import PairPacker
 from ms_llm.data.overlap import SplitOverlap, shingle_tokens
 from ms_llm.data.preprocess import (SMALL_INPUT, describe_inputs, move_into_place, remove_stale_temps, write_error,
                                    write_failure)
@@ -99,6 +100,14 @@ def preprocess_conversations(source, output_dir, seq_length, tokenizer, fmt, val
         move_into_place(tmp, output_dir)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    if fmt == "preference":
+        p = manifest["preference"]
+        log(f"preprocessed {describe_inputs(files)} (preference): {p['train']['pairs'] + p['val']['pairs']:,} pairs "
+            f"→ {p['train']['pairs']:,} train / {p['val']['pairs']:,} val samples of {seq_length + 1} tokens (one pair "
+            f"each, fill rate {100 * (p['train']['fill_rate'] or 0):.1f}%); template from {template.source}"
+            + (f"; {manifest['bad_lines']:,} bad line(s) skipped" if manifest["bad_lines"] else "")
+            + f" in '{output_dir}'")
+        return manifest
     ft = manifest["finetune"]
     tr, va = ft["train"], ft["val"]
     log(f"preprocessed {describe_inputs(files)} ({fmt}): {tr['conversations'] + va['conversations']:,} "
@@ -119,6 +128,7 @@ class _Job:
         self.val_fraction, self.skip_bad, self.pack, self.refuse_long = val_fraction, skip_bad, pack, refuse_long
         self.pad_id, self.workers, self.shard_bytes, self.log = pad_id, workers, shard_bytes, log
         self.nbad, self.bad_examples, self.truncated, self.dropped = 0, [], 0, 0
+        self.too_long = 0  # preference pairs longer than a sample, skipped (--skip-bad)
 
     def chunks(self, sources):
         for i, s in enumerate(sources):
@@ -147,10 +157,27 @@ class _Job:
             return None
         return ids, mask
 
+    def fit_pair(self, path, line, ids, mask, first):
+        """A preference pair as it is (both sequences in one sample), or None when it is longer and --skip-bad."""
+        if len(ids) <= self.width:
+            return ids, mask, first
+        if not self.skip_bad:
+            raise UserError(f"data source '{path}' line {line}: the pair (prompt + chosen, then prompt + rejected) is "
+                            f"{len(ids):,} tokens ({first:,} + {len(ids) - first:,}), longer than a sample "
+                            f"(seq_length + 1 = {self.width}): both sequences of a pair go in one sample, and a cut "
+                            f"response would be scored on a part of it. Raise --seq-length (to at least "
+                            f"{len(ids) - 1}), shorten the line's prompt or responses, or pass --skip-bad to skip "
+                            f"such pairs (they are counted in the manifest).")
+        self.too_long += 1
+        if len(self.bad_examples) < 5:
+            self.bad_examples.append(f"{path}:{line}: pair of {len(ids)} tokens longer than a sample")
+        return None
+
     def run(self, tmp):
         sources = [Source(f) for f in self.files]
         writers = {s: ShardWriter(tmp, s, self.width, self.shard_bytes, COLUMNS) for s in SPLITS}
-        packers = {s: ConversationPacker(self.width, self.pad_id, self.pack) for s in SPLITS}
+        packers = {s: (PairPacker(self.width, self.pad_id) if self.fmt == "preference" else
+                       ConversationPacker(self.width, self.pad_id, self.pack)) for s in SPLITS}
         stats = {s: SplitStats(self.tok.vocab_size) for s in SPLITS}
         # near-copies between the splits, over the response tokens: what the validation loss counts (every
         # conversation shares the template's own text, which would read as copied)
@@ -167,7 +194,11 @@ class _Job:
                 starts = np.concatenate([[0], np.cumsum(enc.lengths)])
                 for k in range(len(enc.lengths)):
                     a, b = starts[k], starts[k + 1]
-                    fitted = self.fit(path, int(enc.lines[k]), enc.tokens[a:b], enc.masks[a:b])
+                    if self.fmt == "preference":
+                        fitted = self.fit_pair(path, int(enc.lines[k]), enc.tokens[a:b], enc.masks[a:b],
+                                               int(enc.firsts[k]))
+                    else:
+                        fitted = self.fit(path, int(enc.lines[k]), enc.tokens[a:b], enc.masks[a:b])
                     if fitted is None:
                         continue
                     split = "val" if enc.val[k] else "train"
@@ -182,12 +213,15 @@ class _Job:
         for s in SPLITS:
             writers[s].write(packers[s].close())
             shards[s] = writers[s].close()
-        if self.nbad:
-            self.log(f"skipped {self.nbad:,} bad line(s) (--skip-bad); the first: " + "; ".join(self.bad_examples))
+        if self.nbad or self.too_long:
+            self.log(f"skipped {self.nbad + self.too_long:,} bad line(s) (--skip-bad)"
+                     + (f", {self.too_long:,} of them pairs longer than a sample" if self.too_long else "")
+                     + "; the first: " + "; ".join(self.bad_examples))
         conversations = sum(p.conversations for p in packers.values())
         if conversations == 0:
             raise UserError(f"data source {describe_inputs(self.files)} holds no usable conversation. Each line must "
-                            f"be a {self.fmt} record (docs/finetuning.md).")
+                            f"be a {self.fmt} record "
+                            f"({'docs/preference.md' if self.fmt == 'preference' else 'docs/finetuning.md'}).")
         if not shards["val"]:
             self.log(f"note: no conversation went to validation (val_fraction {self.val_fraction}, by a hash of each "
                      f"line): there will be no validation loss")
@@ -218,11 +252,13 @@ class _Job:
             "max_token_id": max(st.max_id for st in stats.values()),
             "format": self.fmt,
             "columns": list(COLUMNS),
-            "packed": self.pack,
+            "packed": self.pack or self.fmt == "preference",  # a pair's two sequences are two documents
             "pad_id": int(self.pad_id),
             "chat_template": self.template.spec(),
-            "finetune": {"train": packers["train"].stats(), "val": packers["val"].stats(),
-                         "truncated": self.truncated, "dropped": self.dropped},
+            **({"preference": {"train": packers["train"].stats(), "val": packers["val"].stats(),
+                               "too_long": self.too_long}} if self.fmt == "preference" else
+               {"finetune": {"train": packers["train"].stats(), "val": packers["val"].stats(),
+                             "truncated": self.truncated, "dropped": self.dropped}}),
             "splits": splits,
             "split_method": "conversations by hash",
             "stats": {name: {k: v for k, v in stats[name].to_dict().items() if k not in ("documents", "tokens")}
@@ -231,7 +267,7 @@ class _Job:
             "source": source,
             "sources": files,
             "val_fraction": self.val_fraction,
-            "bad_lines": self.nbad,
+            "bad_lines": self.nbad + self.too_long,
             "seconds": round(seconds, 2),
             "created": datetime.datetime.now().isoformat(timespec="seconds"),
         }

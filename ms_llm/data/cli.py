@@ -1,5 +1,5 @@
 """The data commands: `ms-llm tokenizer train`, `ms-llm data info`, `ms-llm data adopt`."""
-from ms_llm.config.cli_args import add_set_argument
+from ms_llm.config.cli_args import add_config_arguments
 
 
 def cmd_tokenizer_train(args):
@@ -57,10 +57,9 @@ def add_parsers(sub):
     dsub.required = True
     d = dsub.add_parser("info", help="documents, tokens, samples, length histogram, unigram entropy; epochs of a run")
     d.add_argument("dataset_dir")
-    d.add_argument("--config", help="a training config: how many epochs its run covers")
+    add_config_arguments(d, required=False, help="a training config: how many epochs its run covers")
     d.add_argument("--show-sample", type=int, metavar="N", help="chat/instruction data: print training sample N with "
                                                               "its loss mask and conversation boundaries")
-    add_set_argument(d)
     d.set_defaults(func=cmd_data_info)
     d = dsub.add_parser("adopt", help="write a manifest for MindRecord files with an input_ids column (e.g. "
                                       "MindFormers'); the data files are not modified")

@@ -49,6 +49,10 @@ def info(dataset_dir, cfg=None):
         from ms_llm.data.chat_pack import info_lines
 
         lines += info_lines(m)
+    if m.get("preference"):
+        from ms_llm.data.preference import info_lines as preference_lines
+
+        lines += preference_lines(m)
     lines += overlap_lines(dataset_dir, m)
     if m.get("bad_lines"):
         lines.append(f"bad lines skipped while preprocessing: {m['bad_lines']:,}")

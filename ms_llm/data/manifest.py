@@ -153,3 +153,8 @@ def _save_cache(path, cache):
         atomic_write_bytes(path, json.dumps(cache).encode())
     except OSError:
         pass  # a cache that cannot be written only means checking again next time
+
+
+def has_loss_mask(manifest):
+    """Whether a dataset holds fine-tuning data: a loss_mask column beside the ids (chat/instruction data)."""
+    return "loss_mask" in (manifest.get("columns") or ())

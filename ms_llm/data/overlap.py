@@ -14,7 +14,9 @@ limit is lowered to the median of what it holds and everything above is dropped.
 the lower of the two limits, so what is left is *every* shingle of each split whose hash falls below one value: a
 uniform sample, the same for both, in which a validation shingle that occurs in training is found in training's
 sample too. The share is exact on the sample (no false positives); its precision is that of a sample of tens of
-thousands of positions or more.
+thousands of positions or more. A split's hashes (the kept ones, then those added since) live in one buffer that
+compaction sorts, deduplicates and halves in place: at most 2 x CAPACITY hashes and one chunk's are ever written,
+18 MiB a split, whatever the corpus.
 
 Shift: the Kullback-Leibler divergence KL(val || train) of the splits' unigram distributions (training's smoothed
 by half a count), in nats per token: the extra loss a model of training's token frequencies pays on validation.
@@ -22,10 +24,11 @@ by half a count), in nats per token: the extra loss a model of training's token 
 import numpy as np
 
 SHINGLE_CHARS = 32      # a shingle spans about this many characters of text
-CAPACITY = 1 << 20      # hashes kept per split (8 MiB each; twice that while compacting)
+CAPACITY = 1 << 20      # hashes kept per split (8 MiB each; as many again pending before a compaction)
 LEAK_WARN = 0.10        # a validation split with at least this share of its shingles in training: a warning
 SHIFT_WARN = 0.10       # KL(val || train) of the unigram distributions above this many nats/token: a warning
 SLICE = 1 << 20         # tokens hashed at once (bounds the temporary arrays)
+DEDUP_BLOCK = 1 << 17   # hashes deduplicated at once while compacting (1 MiB of temporary memory)
 _FULL = np.uint64(0xFFFFFFFFFFFFFFFF)
 _BASE = np.uint64(0x9E3779B97F4A7C15)  # an odd multiplier: the polynomial hash's base
 SAMPLE_TEXT = ("The quick brown fox jumps over the lazy dog. It was the best of times, it was the worst of times; "
@@ -81,16 +84,28 @@ def shingle_hashes(tokens, k):
 
 class SplitOverlap:
     """Feed each split's tokens in stream order (`add(split, tokens)`); `result(stats)` gives the manifest entry.
-    Memory stays under about 4 x CAPACITY x 8 bytes whatever the corpus size."""
+
+    Each split's hashes live in one buffer allocated once: the kept ones (sorted) at its start, those added since
+    the last compaction after them. Compaction sorts, deduplicates and halves in place, so memory is that buffer
+    (at most 2 x CAPACITY + SLICE hashes, 24 MiB, of which only the part ever written is resident: 2 x CAPACITY plus
+    one chunk's in practice) whatever the corpus size; before it was fixed, the kept array, the pending pieces, their
+    concatenation, np.unique's sorted copy and its result were alive at once (76 MiB at the peak), and the peak
+    rose with the corpus until both splits had been compacted a few times (issue 33)."""
 
     def __init__(self, k, capacity=CAPACITY):
         self.k, self.capacity = int(k), int(capacity)
         self.limit = {"train": _FULL, "val": _FULL}
-        self.kept = {"train": np.zeros(0, np.uint64), "val": np.zeros(0, np.uint64)}
-        self.pending = {"train": [], "val": []}
+        # at most `capacity` kept, fewer than `capacity` pending before an add, one slice's hashes added by it
+        self.store = {"train": None, "val": None}  # allocated on first use (np.empty: pages resident once written)
+        self.nkept = {"train": 0, "val": 0}
         self.npending = {"train": 0, "val": 0}
         self.tail = {"train": np.zeros(0, np.int64), "val": np.zeros(0, np.int64)}
         self.positions = {"train": 0, "val": 0}
+
+    @property
+    def kept(self):
+        """The kept (sorted) hashes of each split, as views of its buffer."""
+        return {s: (np.zeros(0, np.uint64) if b is None else b[:self.nkept[s]]) for s, b in self.store.items()}
 
     def add(self, split, tokens):
         tokens = np.asarray(tokens, np.int64)
@@ -101,28 +116,36 @@ class SplitOverlap:
             self.positions[split] += len(h)
             h = h[h < self.limit[split]]
             if len(h):
-                self.pending[split].append(h)
+                if self.store[split] is None:
+                    self.store[split] = np.empty(2 * self.capacity + SLICE, np.uint64)
+                end = self.nkept[split] + self.npending[split]
+                self.store[split][end:end + len(h)] = h
                 self.npending[split] += len(h)
                 if self.npending[split] >= self.capacity:
                     self.compact(split)
 
     def compact(self, split):
-        a = np.concatenate([self.kept[split]] + self.pending[split])
-        a = np.unique(a) if split == "train" else np.sort(a)
-        self.pending[split], self.npending[split] = [], 0
+        if self.store[split] is None:
+            return
+        a = self.store[split][:self.nkept[split] + self.npending[split]]
+        a.sort()  # in place
+        if split == "train":  # distinct hashes
+            a = a[:dedup_sorted(a)]
+        self.npending[split] = 0
         while len(a) > self.capacity:  # keep the lower half of the hash range held so far
             cut = a[len(a) // 2]
-            a = a[a < cut]
+            a = a[:np.searchsorted(a, cut, "left")]  # a[a < cut] of a sorted array
             self.limit[split] = cut
-        self.kept[split] = a
+        self.nkept[split] = len(a)
 
     def share(self):
         """(share of validation shingles found in training, validation shingles in the sample) or (None, 0)."""
         for split in ("train", "val"):
             self.compact(split)
         limit = min(self.limit["train"], self.limit["val"])
-        train = self.kept["train"][self.kept["train"] < limit]
-        val = self.kept["val"][self.kept["val"] < limit]
+        kept = self.kept
+        train = kept["train"][:np.searchsorted(kept["train"], limit, "left")]
+        val = kept["val"][:np.searchsorted(kept["val"], limit, "left")]
         if not len(val) or not len(train):
             return None, len(val)
         pos = np.minimum(np.searchsorted(train, val), len(train) - 1)
@@ -141,6 +164,26 @@ class SplitOverlap:
             if log is not None:
                 log(f"warning: {line}")
         return out
+
+
+def dedup_sorted(a, block=DEDUP_BLOCK):
+    """Drop the repeats of sorted `a` in place, block by block (temporary memory: two blocks of hashes and a mask);
+    returns how many distinct values there are (now a[:count])."""
+    if not len(a):
+        return 0
+    w, prev = 1, a[0]
+    blk, keep, out = np.empty(block, a.dtype), np.empty(block, bool), np.empty(block, a.dtype)
+    for lo in range(1, len(a), block):
+        n = min(block, len(a) - lo)
+        np.copyto(blk[:n], a[lo:lo + n])  # a copy: the writes below may cover this block
+        keep[0] = blk[0] != prev
+        np.not_equal(blk[1:n], blk[:n - 1], out=keep[1:n])
+        prev = blk[n - 1]
+        m = int(np.count_nonzero(keep[:n]))
+        np.compress(keep[:n], blk[:n], out=out[:m])
+        a[w:w + m] = out[:m]  # w <= lo: only what was read already is overwritten
+        w += m
+    return w
 
 
 def divergence(train_counts, val_counts):

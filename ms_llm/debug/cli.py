@@ -1,5 +1,5 @@
-"""The debugging commands: `doctor`, `debug overfit|nan|dump` (and `debug lr-find|ladder` from ms_llm/tune),
-`compare`."""
+"""The debugging commands: `doctor`, `debug overfit|nan|dump|compare-torch`, `compare` (`debug lr-find|ladder` are
+ms_llm/tune's, added to the same group by ms_llm/cli.py)."""
 import glob
 import json
 import os
@@ -7,7 +7,7 @@ import os
 import numpy as np
 
 from ms_llm.errors import UserError
-from ms_llm.config.cli_args import add_set_argument
+from ms_llm.config.cli_args import add_config_arguments, add_set_argument
 
 
 def cmd_doctor(args):
@@ -30,8 +30,8 @@ def cmd_overfit(args):
 def cmd_nan(args):
     """Replay a saved non-finite step (<run>/nan/step_<n>) or the step after checkpoint --step with the hunter."""
     from ms_llm.debug.nan_hunter import format_report, hunt
-    from ms_llm.train.context import setup_context
-    from ms_llm.train.run_model import find_run_checkpoint, load_run_config, load_run_model
+    from ms_llm.train.setup.context import setup_context
+    from ms_llm.train.setup.run_model import find_run_checkpoint, load_run_config, load_run_model
 
     cfg = load_run_config(args.run_dir, args.overrides)
     setup_context(cfg.context)
@@ -119,8 +119,7 @@ def add_parsers(sub):
     dsub = p.add_subparsers(dest="debug_command", metavar="tool", parser_class=type(p))
     dsub.required = True
     q = dsub.add_parser("overfit", help="can the model memorise a few samples? (bugs vs data)")
-    q.add_argument("--config", required=True)
-    add_set_argument(q)
+    add_config_arguments(q)
     q.add_argument("--samples", type=int, default=32)
     q.add_argument("--steps", type=int, default=300)
     q.add_argument("--threshold", type=float, default=0.1, help="pass below this fraction of the initial loss")
@@ -146,9 +145,9 @@ def add_parsers(sub):
     q.add_argument("--reference-dump", metavar="D", help="compare this dump (ms_llm.interop.torch_dump.dump_module) "
                                                          "instead of running transformers")
     q.add_argument("--name-map", metavar="M.yaml", help="with --reference-dump: 'their name: ms_llm name' lines")
-    q.add_argument("--config", help="training config whose train/precision/context sections to use (the model "
-                                    "comes from --hf)")
-    add_set_argument(q, help="repeatable, e.g. --set train.weight_decay=0.01: the optimizer step's settings")
+    add_config_arguments(q, required=False, help="training config whose train/precision/context sections to use (the "
+                                                 "model comes from --hf)",
+                         set_help="repeatable, e.g. --set train.weight_decay=0.01: the optimizer step's settings")
     q.set_defaults(func=cmd_compare_torch)
     q = dsub.add_parser("dump", help="per-module outputs and gradients on a fixed batch, for `ms-llm compare`")
     q.add_argument("--run-dir", required=True)
@@ -156,9 +155,6 @@ def add_parsers(sub):
     q.add_argument("--output", required=True)
     add_set_argument(q, help="e.g. precision.compute_dtype=float16 to dump the same weights in another precision")
     q.set_defaults(func=cmd_dump)
-    from ms_llm.tune.cli import add_ladder_parser, add_lr_find_parser  # they live with the sweep (ms_llm/tune)
-    add_lr_find_parser(dsub)
-    add_ladder_parser(dsub)
 
     p = sub.add_parser("compare", help="layer-by-layer comparison of two dumps (or runs with dumps/)")
     p.add_argument("a")
@@ -167,3 +163,5 @@ def add_parsers(sub):
     p.add_argument("--min-cosine", type=float, default=0.999)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
+    return dsub  # the `debug` group: ms_llm/tune adds lr-find and ladder to it
+

@@ -20,8 +20,8 @@ def make_dump(run_dir, out_dir, step=None, overrides=(), batch_size=None, log=pr
     from ms_llm.data.loader import eval_batches
     from ms_llm.data.manifest import load_manifest
     from ms_llm.debug.probe import param_grads, trace_forward
-    from ms_llm.train.context import setup_context
-    from ms_llm.train.run_model import find_run_checkpoint, load_run_config, load_run_model
+    from ms_llm.train.setup.context import setup_context
+    from ms_llm.train.setup.run_model import find_run_checkpoint, load_run_config, load_run_model
 
     setup_context(load_run_config(run_dir, overrides).context)
     path, manifest = find_run_checkpoint(run_dir, step, log)

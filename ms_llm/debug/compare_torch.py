@@ -77,16 +77,13 @@ def read_checkpoint(hf_dir):
 def build_config(section, config=None, overrides=(), compute_dtype=None):
     """The model section from the checkpoint, everything else (train.lr, clip_grad, weight_decay, betas, eps,
     precision, context) from `config` (a training YAML) or the defaults, then --set overrides."""
-    from ms_llm.config import apply_override, from_dict
+    from ms_llm.config import config_from_dict
     from ms_llm.config.loader import read_yaml
-    from ms_llm.config.validate import validate_config
 
     raw = read_yaml(config) if config else {}
     raw["model"] = dict(section)
     raw.setdefault("train", {})
-    for item in overrides:
-        apply_override(raw, item)
-    cfg = validate_config(from_dict(raw))
+    cfg = config_from_dict(raw, overrides)
     if compute_dtype:
         cfg = replace(cfg, precision=replace(cfg.precision, compute_dtype=compute_dtype))
     return cfg
@@ -193,9 +190,10 @@ def run_ms_llm(cfg, arrays, batch, target):
     optimizers alone."""
     import mindspore as ms
 
-    from model_zoo import build_model
+    from model_zoo import build_model, weights
     from ms_llm.debug.probe import trace_forward
     from ms_llm.nn import backend as nn_backend
+    from ms_llm.train.losses import TokenLoss
     from ms_llm.train.optimizer import AdamW
     from ms_llm.train.step import TrainStep
 
@@ -203,7 +201,7 @@ def run_ms_llm(cfg, arrays, batch, target):
     backend = nn_backend.for_device(target, cfg.context.cpu_kernels)
     ms.set_seed(t.seed)
     model = build_model(cfg.model, p.compute_dtype, backend)
-    for name, param in model.parameters_and_names():
+    for name, param in weights(model).items():
         param.set_data(ms.Tensor(arrays[name]).astype(param.dtype))
     model.set_train(True)
     ids = ms.Tensor(batch)
@@ -212,8 +210,8 @@ def run_ms_llm(cfg, arrays, batch, target):
         forward.setdefault(name, arr)
     params = model.trainable_params()
     before = {q.name: q.asnumpy().copy() for q in params}
-    step = TrainStep(model, AdamW(params, t.beta1, t.beta2, t.eps, t.weight_decay), p, t.clip_grad, 2, 1,
-                     np.array([t.lr], np.float32), None, backend)
+    step = TrainStep(model, AdamW(params, t.beta1, t.beta2, t.eps, t.weight_decay), TokenLoss(model, 2), p,
+                     t.clip_grad, 2, 1, np.array([t.lr], np.float32), None, backend)
     scale = float(step.state.loss_scale.asnumpy())
     loss = float(step.accumulate(ids).asnumpy())
     grads = {q.name: b.asnumpy() * np.float32(2 / scale) for q, b in zip(params, step.state.grad_buffers)}
@@ -378,7 +376,7 @@ def compare_torch(hf_dir, batch_size=2, seq_length=None, seed=0, data=None, comp
                   reference_dump=None, name_map_path=None, config=None, overrides=(), log=None):
     """Run the comparison; returns the result dict (also written to OUTPUT/compare.json, plotted in
     OUTPUT/compare.html)."""
-    from ms_llm.train.context import setup_context
+    from ms_llm.train.setup.context import setup_context
 
     log = log or (lambda msg: print(msg, flush=True))
     hf_cfg, section, tensors = read_checkpoint(hf_dir)

@@ -46,8 +46,8 @@ def panel(builder, rows, kind, pid, title, num_layers, lines):
 
 
 def write_page(result, path):
-    from ms_llm.report import page
-    from ms_llm.report.payload import Builder
+    from ms_llm.pages import html as page
+    from ms_llm.pages.payload import Builder
 
     rows, dtype, n = result["rows"], result["compute_dtype"], result["num_layers"]
     tol, band = result["tolerances"], result["float32_band"]

@@ -7,12 +7,14 @@ must lower its loss.
 """
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
 
-SUPPORTED_MINDSPORE = "2.10"
+# the MindSpore versions the tests ran on, 2.7.2 to 2.10.0: from, and up to but not including (setup.py's range)
+TESTED_MINDSPORE = ((2, 7, 2), (2, 11))
 ENV_PREFIXES = ("MS_", "RANK_", "ASCEND_", "HCCL_", "GLOG_", "MA_", "DEVICE_ID")
 
 
@@ -34,15 +36,21 @@ def check_versions(r):
         import mindspore as ms
         import numpy as np
     except ImportError as e:
-        r.add("FAIL", "mindspore import", str(e), "pip install mindspore==2.10.0 'numpy<2'")
+        r.add("FAIL", "mindspore import", str(e), "pip install 'mindspore>=2.7.2,<2.11' 'numpy<2'")
         return None
-    ok = ms.__version__.startswith(SUPPORTED_MINDSPORE)
+    ok = mindspore_tested(ms.__version__)
     r.add("PASS" if ok else "WARN", "mindspore", ms.__version__, "" if ok else
-          f"ms_llm is tested with {SUPPORTED_MINDSPORE}.x; other versions may change kernels and APIs")
+          "ms_llm is tested with MindSpore 2.7.2 to 2.10.x; other versions may change kernels and APIs")
     numpy_ok = int(np.__version__.split(".")[0]) < 2
     r.add("PASS" if numpy_ok else "FAIL", "numpy", np.__version__, "" if numpy_ok else
           "MindSpore's PyNative mode breaks on numpy 2: pip install 'numpy<2'")
     return ms
+
+
+def mindspore_tested(version):
+    """Whether a MindSpore version string (2.9.0, 2.7.1.post1, 2.10.0rc1) is in the tested range."""
+    m = re.match(r"(\d+)\.(\d+)\.(\d+)", version)
+    return bool(m) and TESTED_MINDSPORE[0] <= tuple(int(g) for g in m.groups()) < TESTED_MINDSPORE[1]
 
 
 def read_first(paths):
@@ -115,6 +123,7 @@ def smoke_train(r, echo):
     from ms_llm.config import load_config
     from ms_llm.data.preprocess import preprocess
     from ms_llm.train.session import open_session
+    from ms_llm.train.step_runner import StepRunner
 
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sample = os.path.join(here, "data", "tinyshakespeare.txt")
@@ -131,7 +140,8 @@ def smoke_train(r, echo):
                                  "monitor.summary=false"])
         try:
             s = open_session(cfg, echo=lambda *_: None, purpose="doctor")
-            losses = [float(s.train_step()[0].asnumpy()) for _ in range(20)]
+            runner = StepRunner(s, use_compile_cache=False)
+            losses = [float(runner.step()[0].asnumpy()) for _ in range(20)]
         except Exception as e:  # any failure here is the finding
             r.add("FAIL", "smoke train", f"{type(e).__name__}: {str(e).splitlines()[0][:300]}",
                   "the training step does not run on this machine: see the error above and `ms-llm doctor` checks")

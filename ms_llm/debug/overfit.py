@@ -10,20 +10,17 @@ import math
 
 import numpy as np
 
-from ms_llm.config import apply_override, from_dict, to_dict
-from ms_llm.config.validate import validate_config
-from ms_llm.diagnose.start import judge_start
+from ms_llm.config import with_overrides
+from ms_llm.rundir.start import judge_start
 
 
 def overfit_config(cfg, samples, steps):
-    raw = to_dict(cfg)
     micro = cfg.train.micro_batch_size if samples % cfg.train.micro_batch_size == 0 else samples
-    for item in (f"train.global_batch_size={samples}", f"train.micro_batch_size={micro}", f"train.max_steps={steps}",
-                 f"train.warmup_steps={min(cfg.train.warmup_steps, steps // 10)}", "train.lr_schedule=constant",
-                 "train.weight_decay=0.0", "model.dropout=0.0", "train.eval_interval=0", "train.anomaly=null",
-                 "parallel_config.data_parallel=null", "monitor.summary=false"):
-        apply_override(raw, item)
-    return validate_config(from_dict(raw))
+    return with_overrides(cfg, [f"train.global_batch_size={samples}", f"train.micro_batch_size={micro}",
+                                f"train.max_steps={steps}", f"train.warmup_steps={min(cfg.train.warmup_steps, steps // 10)}",
+                                "train.lr_schedule=constant", "train.weight_decay=0.0", "model.dropout=0.0",
+                                "train.eval_interval=0", "train.anomaly=null", "parallel_config.data_parallel=null",
+                                "monitor.summary=false"])
 
 
 def next_token_loss(logits, ids):
@@ -39,16 +36,20 @@ def overfit(cfg, samples=32, steps=300, threshold=0.1, echo=print):
     import mindspore as ms
 
     from ms_llm.data.loader import TrainBatches
+    from ms_llm.train.setup.dataset import prepared_runtime
     from ms_llm.train.session import open_session
+    from ms_llm.train.step_runner import StepRunner
 
-    s = open_session(overfit_config(cfg, samples, steps), echo, purpose="overfit")
+    cfg = overfit_config(cfg, samples, steps)
+    s = open_session(cfg, echo, purpose="overfit", rt=prepared_runtime(cfg, echo))
     fixed = TrainBatches(s.cfg.data.dataset_dir, s.manifest, "train", s.cfg.train.micro_batch_size,
                          seq_length=s.cfg.model.seq_length, shuffle=False)
     batches = [next(fixed) for _ in range(s.accum)]
+    runner = StepRunner(s)
     before = {p.name: p.asnumpy().copy() for p in s.model.trainable_params()}
     losses = []
     for step in range(steps):
-        losses.append(float(s.train_step(list(batches))[0].asnumpy()))
+        losses.append(float(runner.step(list(batches))[0].asnumpy()))
         if not math.isfinite(losses[-1]):
             break
     s.model.set_train(False)

@@ -69,7 +69,7 @@ def param_grads(model, ids, loss_fn=None):
     """(loss, {parameter name: gradient}) of the mean next-token loss on `ids`, in PyNative."""
     import mindspore as ms
 
-    from ms_llm.train.step import cross_entropy
+    from ms_llm.train.losses.base import cross_entropy
 
     params = model.trainable_params()
     loss_fn = loss_fn or (lambda x: cross_entropy(model(x[:, :-1]), x[:, 1:]))

@@ -14,7 +14,8 @@ import os
 import numpy as np
 
 from ms_llm.debug import nan_hunter
-from ms_llm.train.hooks import Hook
+from ms_llm.train.loop.hooks import Hook
+from ms_llm.rundir import names
 
 
 class NanWatch(Hook):
@@ -70,14 +71,14 @@ class TensorStats(Hook):
 
     def __init__(self, cfg_stats, run_dir=None, rank=0, world_size=1, log=print):
         self.cfg, self.log, self.world_size = cfg_stats, log, world_size
-        self.path = os.path.join(run_dir, "stats.jsonl") if run_dir and rank == 0 else None
+        self.path = os.path.join(run_dir, names.STATS) if run_dir and rank == 0 else None
         self.low = {}  # parameter -> consecutive records with a vanishing gradient
         self.history = []  # total gradient norms of earlier records
         self.probe = self.before = self.pending = None
 
     def start(self, run):
         rt = run.session.rt
-        self.path = os.path.join(run.run_dir, "stats.jsonl") if rt.rank == 0 else None
+        self.path = os.path.join(run.run_dir, names.STATS) if rt.rank == 0 else None
         self.world_size, self.log = rt.world_size, run.log
 
     def due(self, step):

@@ -73,7 +73,7 @@ def grad_rms(run):
 def lr_experiment(run, steps=100):
     """The cheapest test that tells 'LR too low' from 'LR too high' (and from an LR that is fine): 100 steps at
     3x and at 1/3 of the LR from the config the run used, compared at the end. A list of actions."""
-    from ms_llm.fileio import run_config_path
+    from ms_llm.rundir.names import run_config_path
 
     lr = run.cfg("train.lr", 1e-3)
     min_lr = run.cfg("train.min_lr", 0.0)
@@ -95,14 +95,14 @@ def lr_experiment(run, steps=100):
 
 
 def overfit_action(run):
-    from ms_llm.fileio import run_config_path
+    from ms_llm.rundir.names import run_config_path
 
     return (f"ms-llm debug overfit --config {quoted(run_config_path(run.path))} (can the model memorise 32 samples? "
             f"if not, the bug is in the model, the labels or the optimizer, not the LR or the data)")
 
 
 def config_path_exists(run):
-    from ms_llm.fileio import run_config_path
+    from ms_llm.rundir.names import run_config_path
 
     return os.path.isfile(run_config_path(run.path))
 

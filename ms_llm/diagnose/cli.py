@@ -9,6 +9,16 @@ import json
 def cmd_diagnose(args):
     from ms_llm.diagnose.engine import diagnose, exit_code, format_report
 
+    if args.measure:
+        from ms_llm.diagnose.measure import measure
+        from ms_llm.rundir.reader import load_run
+
+        if args.measure_steps is not None and args.measure_steps < 5:
+            from ms_llm.errors import UserError
+
+            raise UserError(f"--measure-steps = {args.measure_steps}: each benchmark needs at least 5 timed steps "
+                            f"(default: about 2 s of the run's steps).")
+        measure(load_run(args.run), echo=lambda line: print(line, flush=True), steps=args.measure_steps)
     run, findings = diagnose(args.run, args.device_memory, args.logs, args.benchmark)
     code = exit_code(findings)
     print(format_report(args.run, run, findings), flush=True)
@@ -30,5 +40,11 @@ def add_parsers(subparsers):
     p.add_argument("--benchmark", metavar="FILE", help="an 'ms-llm benchmark --output FILE' result of the run's "
                                                        "config on this machine, to compare the run's speed with "
                                                        "(default: RUN/benchmark.json when present)")
+    p.add_argument("--measure", action="store_true",
+                   help="first measure the run's step under other settings of the same computation (micro-batch "
+                        "vs accumulation, threads, CPU kernels, monitors, readers; a short benchmark each, in "
+                        "RUN/measure.json) and name the faster one")
+    p.add_argument("--measure-steps", type=int, metavar="N", help="timed steps of each --measure benchmark "
+                                                                     "(default: about 2 s of the run's steps)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=cmd_diagnose)

@@ -4,20 +4,16 @@ The thresholds are documented (with the reason for each value) in docs/debugging
 that healthy runs produce no finding at all.
 """
 import contextlib
-import math
 import os
 import re
-import statistics
 from dataclasses import asdict, dataclass, field
 
 from ms_llm.errors import UserError
+from ms_llm.rundir import divergence
+from ms_llm.rundir.divergence import finite, nonfinite  # noqa: F401 (the rules' helpers, shared with the tools)
 
 MIN_RECORDS = 4          # loss-curve rules need at least this many log records
-EXPLODE_FACTOR = 10.0    # grad norm > 10x its early median = exploding
-DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN = 0.25, 0.15, 3  # above best + max(0.25, 15%) for 3 records
-UNIFORM_MARGIN = 1.05    # interval-mean loss above 1.05 x ln(vocab): worse than the uniform start
 STUCK_VAL, STUCK_TRAIN_DROP = 0.95, 0.2  # val never below 95% of ln(vocab) while train fell 20%: labels
-SMOOTH = 5               # divergence compares trailing medians of 5 records (noise-proof minimum)
 FLAT_MIN_STEPS, FLAT_REL_DROP, UNIFORM_FRAC = 100, 0.02, 0.95
 ZERO_LOSS, VAL_GAP_ABS, VAL_GAP_REL = 0.1, 1.0, 0.5
 SPIKE_WINDOW, SPIKE_MIN_WINDOW, SPIKE_Z, SPIKE_REL = 50, 8, 5.0, 0.10
@@ -63,15 +59,6 @@ def cause(text, confidence):
 
 # --- helpers ---------------------------------------------------------------------------------------------
 
-def finite(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def nonfinite(v):
-    """NaN/Inf (read back from the "nan"/"inf" strings); a missing or null value is not a NaN."""
-    return isinstance(v, float) and not math.isfinite(v)
-
-
 # (id(records), len(records), what) -> (records, value), alive only inside `memoised()` (one diagnosis): the rules
 # ask for the same points of a 100k-record run many times. The entry holds the records themselves, so their id
 # cannot be reused meanwhile. Outside a diagnosis (the sweep's watcher applies single rules to trials it re-reads for
@@ -104,19 +91,13 @@ def points(records, key):
 
 
 def first_nonfinite_step(run):
-    return _memo(run.train, "first non-finite loss",
-                 lambda: next((r["step"] for r in run.train if nonfinite(r.get("loss"))), None))
+    return _memo(run.train, "first non-finite loss", lambda: divergence.first_nonfinite_step(run))
 
 
 def curve(run):
     """Finite (step, loss) points before the first non-finite loss: what the shape rules look at."""
     stop = first_nonfinite_step(run)
     return [(s, v) for s, v in points(run.train, "loss") if stop is None or s < stop]
-
-
-def early_median(vals):
-    """Median of records 2-4: the first interval mixes in initialisation transients."""
-    return statistics.median(vals[1:4] if len(vals) > 2 else vals)
 
 
 def g(x):

@@ -14,6 +14,10 @@ list of `Finding`s or None:
   rules/schedule.py        schedule and optimizer settings: findings when the curve shows them, else notes
   rules/moe.py             mixture of experts: router collapse, dead experts, dropped tokens, aux loss too weak/strong
   rules/finetune.py        fine-tuning: a mask that keeps no tokens, prompts in the loss, drift from the base model
+  rules/preference.py      preference optimisation (DPO/IPO/SimPO): likelihood displacement, pairs too easy, flat
+                           margins, a reference that is not the policy's start
+  rules/remote.py          checkpoints that never reached checkpoint.remote_dir (the upload events)
+  rules/tasks.py           lm-eval tasks evaluated during training: validation loss falling, task accuracy at chance
 
 Causes carry a confidence (common.cause) from the evidence for them (causes.py). The thresholds
 are module constants, each documented (with the reason for its value) in docs/debugging.md; they were set so that
@@ -25,11 +29,16 @@ from ms_llm.diagnose.common import SEVERITY_ORDER, memoised, memory_limit_gib
 from ms_llm.diagnose.rules.device import rule_logs, rule_speedup, rule_temperature, scan_logs
 from ms_llm.diagnose.rules.finetune import rule_finetune
 from ms_llm.diagnose.rules.generalisation import rule_generalisation, rule_leakage
+from ms_llm.diagnose.rules.history import rule_resume
+from ms_llm.diagnose.rules.measured import rule_measured
 from ms_llm.diagnose.rules.loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes, rule_start
 from ms_llm.diagnose.rules.moe import rule_moe
+from ms_llm.diagnose.rules.preference import rule_preference
 from ms_llm.diagnose.rules.progress import rule_progress, rule_siblings
 from ms_llm.diagnose.rules.regularisation import rule_underfitting
+from ms_llm.diagnose.rules.remote import rule_remote_copies
 from ms_llm.diagnose.rules.schedule import rule_schedule
+from ms_llm.diagnose.rules.tasks import rule_tasks
 from ms_llm.diagnose.rules.system import (rule_always_clipped, rule_data_wait, rule_events, rule_loss_scale,
                                           rule_low_mfu, rule_memory, rule_memory_growth, rule_stats, rule_uneven)
 from ms_llm.diagnose.rules.wall_time import rule_machine_speed, rule_wall_time
@@ -67,13 +76,27 @@ def diagnose(run_dir, device_memory=None, logs=None, benchmark=None):
                         f"The run stopped before its first log interval (train.log_interval = "
                         f"{run.cfg('train.log_interval', '?')} steps) or the file is damaged; look at the run's "
                         f"logs/ and the console output of 'ms-llm train' for the error.")
-    limit = memory_limit_gib(device_memory, run)
+    return run, apply_rules(run, RULES, memory_limit_gib(device_memory, run))
+
+
+def apply_rules(run, rules, limit=None):
+    """The findings of `rules` on a parsed run, in order (the engine's core, also what the live diagnosis runs at
+    every check: ms_llm/diagnose/live.py)."""
     found = {}
     with memoised():
-        for rule in RULES:
+        for rule in rules:
             for f in rule(run, found, limit) or []:
                 found[f.id] = f
-    return run, sorted(found.values(), key=lambda f: SEVERITY_ORDER[f.severity])
+    return ordered(found.values())
+
+
+ROOT_CAUSES = ("config_", "resume_")  # findings that name a setting as the cause of others'
+
+
+def ordered(findings):
+    """Errors first; within a severity, the findings that name a setting (config_*, resume_*) before the symptoms
+    they explain; otherwise in rule order."""
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], not f.id.startswith(ROOT_CAUSES)))
 
 
 def exit_code(findings):
@@ -81,9 +104,10 @@ def exit_code(findings):
 
 
 RULES = [rule_start, rule_nonfinite, rule_divergence, rule_moe, rule_underfitting, rule_progress, rule_siblings,
-         rule_labels, rule_finetune, rule_generalisation, rule_leakage, rule_spikes, rule_data_wait, rule_uneven,
-         rule_temperature, rule_low_mfu, rule_loss_scale, rule_memory, rule_memory_growth, rule_always_clipped,
-         rule_stats, rule_logs, rule_speedup, rule_wall_time, rule_machine_speed, rule_schedule, rule_events]
+         rule_labels, rule_finetune, rule_preference, rule_generalisation, rule_leakage, rule_tasks, rule_spikes,
+         rule_resume, rule_data_wait, rule_uneven, rule_temperature, rule_low_mfu, rule_loss_scale, rule_memory,
+         rule_memory_growth, rule_always_clipped, rule_stats, rule_logs, rule_speedup, rule_wall_time,
+         rule_machine_speed, rule_measured, rule_schedule, rule_events, rule_remote_copies]
 
 
 def format_report(run_dir, run, findings):
@@ -97,3 +121,8 @@ def format_report(run_dir, run, findings):
         lines += ["  likely causes:"] + [f"    {i}. {c}" for i, c in enumerate(f.causes, 1)]
         lines += ["  actions:"] + [f"    - {a}" for a in f.actions]
     return "\n".join(lines)
+
+
+def findings(run_dir):
+    """The findings of `ms-llm diagnose RUN` (what the report shows beside the curves)."""
+    return diagnose(run_dir, None)[1]

@@ -23,6 +23,7 @@ SIBLINGS_MAX = 200               # run folders looked at next to the run
 # Config keys that do not change what a run computes: runs differing only in these are siblings.
 NOT_TRAINING = ("monitor.", "context.", "checkpoint.save_interval", "checkpoint.keep_last", "checkpoint.format",
                 "checkpoint.async_save", "checkpoint.remote_dir", "checkpoint.uploader", "checkpoint.strategy_dir",
+                "checkpoint.remote_endpoint", "checkpoint.upload_budget_s",
                 "checkpoint.auto_resume", "train.seed", "train.log_interval", "train.eval_interval",
                 "train.eval_steps", "train.stop_at_step", "data.num_workers", "data.source")
 
@@ -222,7 +223,7 @@ def siblings(run):
     """Other runs in the run's folder whose config differs from this one's only in keys that do not change the
     computation (seed, logging, checkpoints, monitors), with at least one training record."""
     from ms_llm.rundir.reader import is_run_dir, load_run, read_config
-    from ms_llm.fileio import run_config_path
+    from ms_llm.rundir.names import run_config_path
 
     if not run.config:
         return []

@@ -2,7 +2,7 @@
 checkpoint across tensor-parallel layouts (`--split` / `--merge`). `add_parsers(subparsers)` registers it."""
 import os
 
-from ms_llm.config.cli_args import add_set_argument
+from ms_llm.config.cli_args import add_config_arguments
 from ms_llm.errors import UserError
 
 
@@ -91,10 +91,10 @@ def add_parsers(subparsers):
     mode.add_argument("--merge", metavar="SHARD_DIR", help="rank_<r>/model.ckpt shards → one full checkpoint")
     p.add_argument("--devices", type=int, help="with --split/--merge: ranks of the layout; with "
                                                "--from-mindformers-config: ranks of a use_parallel: false run")
-    add_set_argument(p)
-    p.add_argument("--config", help="with --to-hf/--to-mindformers: the model's config.yaml (default: next to the "
-                                    "checkpoint); with --from-mindformers: the model's config (ours or the MindFormers "
-                                    "YAML); with --split/--merge: the config whose parallel_config gives the layout")
+    add_config_arguments(p, required=False, help="with --to-hf/--to-mindformers: the model's config.yaml (default: "
+                                                 "next to the checkpoint); with --from-mindformers: the model's config "
+                                                 "(ours or the MindFormers YAML); with --split/--merge: the config "
+                                                 "whose parallel_config gives the layout")
     p.add_argument("--output", required=True, help="folder to write (with --from-mindformers-config: the YAML file)")
     p.add_argument("--format", choices=("ckpt", "safetensors"), default="ckpt",
                    help="with --from-hf / --from-mindformers / --merge-lora: the file format written")

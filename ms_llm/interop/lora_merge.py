@@ -28,15 +28,14 @@ def merge_lora_checkpoint(checkpoint, out_dir, fmt="ckpt", log=print):
     from ms_llm.checkpoint import store
     from ms_llm.checkpoint.lora import BASE_KEY, read_base
     from ms_llm.checkpoint.state import OPTIMIZER_PREFIXES
-    from ms_llm.config import from_dict, save_config
-    from ms_llm.config.validate import validate_config
+    from ms_llm.config import config_from_dict, save_config
     from ms_llm.interop.huggingface import check_shapes
     from ms_llm.nn.lora import is_adapter, merge_lora
 
     if not os.path.isfile(checkpoint):
         raise UserError(f"--merge-lora '{checkpoint}' does not exist. Give a checkpoint of a run with finetune.lora.")
     manifest = checkpoint_manifest(checkpoint)
-    cfg = validate_config(from_dict(manifest.get("config") or {}))
+    cfg = config_from_dict(manifest.get("config") or {})
     lora = cfg.finetune.lora
     if lora is None or BASE_KEY not in manifest:
         raise UserError(f"--merge-lora '{checkpoint}' is not a LoRA checkpoint (its run had no finetune.lora): it "

@@ -1,6 +1,7 @@
 """A background sampler of device and host telemetry, one JSON record per interval in `telemetry.jsonl`:
 
-  {"time": unix s, "cpu_util_pct", "rss_gib", "load1", "load5", "load15", "devices": [{id, temp_c, power_w,
+  {"time": unix s, "cpu_util_pct" (the host's, % of all cores), "proc_cpu_pct" (this process's, % of one core),
+   "cpu_count", "rss_gib", "load1", "load5", "load15", "devices": [{id, temp_c, power_w,
    util_pct, mem_used_mb, mem_total_mb, ...}], "sample_ms", "sample_cpu_ms"}
 
 so that when a run breaks there is a history of temperature, power, memory and utilisation to compare with.
@@ -120,7 +121,8 @@ class TelemetrySampler:
             import psutil
 
             self._process = psutil.Process(self.pid)
-            psutil.cpu_percent(interval=None)  # the first call only sets the reference point
+            psutil.cpu_percent(interval=None)  # the first calls only set the reference points
+            self._process.cpu_percent(interval=None)
         except ImportError:
             self._missing_tool("psutil", "psutil is not installed: CPU utilisation and RSS are not recorded "
                                          "(pip install psutil)")
@@ -133,6 +135,9 @@ class TelemetrySampler:
             import psutil
 
             out["cpu_util_pct"] = psutil.cpu_percent(interval=None)
+            # this process's own share (% of one core): the rest of the host's busy time is other processes'
+            out["proc_cpu_pct"] = round(self._process.cpu_percent(interval=None), 1)
+            out["cpu_count"] = psutil.cpu_count()
             out["rss_gib"] = round(self._process.memory_info().rss / 2 ** 30, 4)
         try:
             out["load1"], out["load5"], out["load15"] = (round(x, 3) for x in os.getloadavg())

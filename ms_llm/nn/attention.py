@@ -15,6 +15,7 @@ from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.linear import Linear
 from ms_llm.nn.norms import RMSNorm
 from ms_llm.nn.rope import RotaryEmbedding
+from ms_llm.nn.dropout import dropout_site
 
 MASKED = -1e9  # finite, so a fully masked row cannot produce NaN
 FLASH_MASK = 2048  # FlashAttentionScore's causal mode (sparse_mode=2) takes a fixed 2048x2048 mask
@@ -104,6 +105,7 @@ class AttentionCore(nn.Cell):
         self.scale = 1.0 / math.sqrt(head_dim)
         self.dtype = compute_dtype
         window = window if window is not None and window < seq_length else None  # wider than a sample: no-op
+        self.window = window
         self.flash = use_flash_attention(compute_dtype, head_dim, dropout, backend, window)
         if self.flash:  # 1 = masked, upper triangle: the compressed causal mask of sparse_mode=2
             self.mask = ms.Tensor(np.triu(np.ones((FLASH_MASK, FLASH_MASK), np.uint8), 1))
@@ -119,7 +121,7 @@ class AttentionCore(nn.Cell):
         # The kernel knows only the causal triangle: a sliding window takes the mask add.
         self.causal_softmax = None if self.flash or window is not None else backend.kernel("causal_softmax")
         self.fused = self.causal_softmax is not None
-        self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.dropout = dropout_site(dropout)
         self.recomputed = ProbsRecomputedCore(self.scale, compute_dtype, backend) if self.fused and not dropout \
             else None
         self.recompute_probs = False
@@ -186,7 +188,7 @@ class CausalSelfAttention(nn.Cell):
         self.core = AttentionCore(num_heads, num_kv_heads, self.head_dim, seq_length, dropout, compute_dtype, backend,
                                   window)
         self.flash = self.core.flash
-        self.resid_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.resid_dropout = dropout_site(dropout)
         # CPU, float32: heads split and merged by copy kernels. MindSpore's CPU Transpose keeps an int64 index
         # table of twice its input's size per kernel from compile time on, and the q/k/v slices' backward
         # writes three zero-padded full-size gradients that are then added (docs/performance.md, memory).
@@ -197,6 +199,12 @@ class CausalSelfAttention(nn.Cell):
 
     def construct(self, x, documents=None, positions=None):
         """`documents`, `positions`: DocumentMask's outputs for packed samples (None: one sequence per row)."""
+        q, k, v = self.heads(x, positions)
+        return self.output(self.core(q, k, v, documents))
+
+    def heads(self, x, positions=None):
+        """x (B, T, hidden) → q (B, H, T, D), k and v (B, KV, T, D), normed and rotated: what a KV cache keeps
+        (ms_llm.nn.kv_cache) is k and v as they leave here."""
         b, t, _ = x.shape
         h, kv, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = self.qkv(x).reshape(b, t, h + 2 * kv, d)
@@ -209,6 +217,10 @@ class CausalSelfAttention(nn.Cell):
             q, k = self.q_norm(q), self.k_norm(k)
         if self.use_rope:
             q, k = self.rope(q, positions), self.rope(k, positions)
-        y = self.core(q, k, v, documents)
+        return q, k, v
+
+    def output(self, y):
+        """The heads' attention output (B, H, T, D) → (B, T, hidden)."""
+        b, _, t, _ = y.shape
         y = self.merge_heads(y) if self.fused_heads else y.transpose(0, 2, 1, 3)
-        return self.resid_dropout(self.out(y.reshape(b, t, h * d)))
+        return self.resid_dropout(self.out(y.reshape(b, t, self.num_heads * self.head_dim)))

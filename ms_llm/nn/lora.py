@@ -26,6 +26,7 @@ from mindspore import Parameter, nn, ops
 
 from ms_llm.config.schema import LORA_TARGETS as TARGETS  # noqa: F401 (the config's names for the projections)
 from ms_llm.nn.linear import Linear
+from ms_llm.nn.dropout import bind_dropout, dropout_site
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 
 
@@ -38,7 +39,8 @@ class LoRALinear(Linear):
 
     def construct(self, x):
         y = super().construct(x)
-        flat = self.lora_dropout(x.reshape(-1, self.in_features).astype(self.dtype))
+        # dropout before flattening: its mask is keyed on the samples of the batch (ms_llm/nn/dropout.py)
+        flat = self.lora_dropout(x.astype(self.dtype)).reshape(-1, self.in_features)
         low = self.lora_matmul(flat, self.lora_a.astype(self.dtype))  # (N, r)
         delta = self.lora_matmul(low, self.lora_b.astype(self.dtype)) * self.lora_scaling
         return y + delta.reshape(y.shape)
@@ -68,9 +70,10 @@ def apply_lora(model, rank, alpha, dropout=0.0, targets=TARGETS, seed=0):
                                 name=path + ".lora_a")
         cell.lora_b = Parameter(ms.Tensor(np.zeros((cell.out_features, rank), np.float32)), name=path + ".lora_b")
         cell.lora_scaling = float(alpha) / rank
-        cell.lora_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        cell.lora_dropout = dropout_site(dropout)
         cell.lora_matmul = ops.MatMul(transpose_b=True)
         adapted.append(path)
+    bind_dropout(model)  # the adapters' dropout sites share the model's key
     for p in model.get_parameters():
         p.requires_grad = is_adapter(p.name)
     return adapted

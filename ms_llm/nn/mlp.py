@@ -5,6 +5,7 @@ from mindspore import nn, ops
 from ms_llm.nn.activations import GeluTanh, silu
 from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.linear import Linear
+from ms_llm.nn.dropout import dropout_site
 
 
 class GeluDown(nn.Cell):
@@ -35,7 +36,7 @@ class GeluMLP(nn.Cell):
         self.down = Linear(ffn, hidden, bias, out_std, compute_dtype)
         self.act = GeluTanh(compute_dtype, backend)
         self.act_down = GeluDown(backend) if self.act.fused else None
-        self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.dropout = dropout_site(dropout)
 
     def construct(self, x):
         if self.act.recompute_output:  # selective recompute: GELU's output is rebuilt in the backward
@@ -66,7 +67,7 @@ class SwiGLU(nn.Cell):
         self.gate_up = Linear(hidden, 2 * ffn, False, init_std, compute_dtype)
         self.act = SiluGate(ffn)
         self.down = Linear(ffn, hidden, False, out_std, compute_dtype)
-        self.dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.dropout = dropout_site(dropout)
 
     def construct(self, x):
         return self.dropout(self.down(self.act(self.gate_up(x))))

@@ -109,7 +109,8 @@ class Experts(nn.Cell):
 class MoE(nn.Cell):
     """(B, T, hidden) → ((B, T, hidden), aux loss (scalar, float32), statistics (E + 5,) float32).
 
-    The statistics are this micro-batch's expert counts, then STAT_NAMES: the training step accumulates them for the log (ms_llm.train.router_stats)."""
+    The statistics are this micro-batch's expert counts, then STAT_NAMES: the training step accumulates them for the
+    log (ms_llm.train.loop.router_stats)."""
 
     def __init__(self, hidden, ffn, num_experts, top_k, init_std, out_std, router_std=None, normalize_top_k=True,
                  aux_loss_coef=0.0, z_loss_coef=0.0, capacity_factor=None, shared_expert_size=0,

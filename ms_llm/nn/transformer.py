@@ -5,6 +5,7 @@ from mindspore import nn, ops
 from ms_llm.nn.attention import DocumentMask
 from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.init import normal
+from ms_llm.nn.dropout import bind_dropout, dropout_site
 
 
 class DecoderLayer(nn.Cell):
@@ -41,7 +42,7 @@ class FrontReusedDecoderLayer(DecoderLayer):
 
 class MoEDecoderLayer(DecoderLayer):
     """A decoder layer whose MLP is a mixture of experts (ms_llm.nn.moe.MoE): it also returns the router's aux loss
-    and statistics, which CausalLM.forward_with_router collects from every such layer."""
+    and statistics, which CausalLM.forward_layers collects from every such layer."""
 
     routed = True
 
@@ -105,7 +106,7 @@ class CausalLM(nn.Cell):
         self.embedding = normal((vocab_size, hidden), init_std, "embedding")
         self.positions = positions
         self.has_positions = positions is not None
-        self.embed_dropout = nn.Dropout(p=dropout) if dropout > 0 else nn.Identity()
+        self.embed_dropout = dropout_site(dropout)
         self.layers = nn.CellList(layers)
         self.final_norm = final_norm
         self.tie = tie_embeddings
@@ -117,14 +118,16 @@ class CausalLM(nn.Cell):
         self.num_moe_layers = sum(1 for layer in layers if layer.routed)
         self.router_experts = next((layer.mlp.num_experts for layer in layers if layer.routed), 0)
         self.document_mask = DocumentMask()
+        bind_dropout(self)  # dropout masks keyed on (seed, step, sample, site): ms_llm/nn/dropout.py
 
     def hidden_states(self, ids, segments=None):
         """(embedding output, each layer's output, final norm output): the residual stream layer by layer."""
-        return self.run_layers(ids, segments)[0]
+        return self.forward_layers(ids, segments)[0]
 
-    def run_layers(self, ids, segments=None):
-        """(hidden states as `hidden_states` returns them, router aux loss averaged over the MoE layers, the MoE
-        layers' router statistics as a tuple of rows)."""
+    def forward_layers(self, ids, segments=None):
+        """(hidden states as `hidden_states` returns them, router aux loss (float32 scalar: the coefficient-weighted
+        load-balancing and z-losses, averaged over the MoE layers; 0 without any), the MoE layers' router statistics
+        as a tuple of (E + 5,) rows (ms_llm.nn.moe.STAT_NAMES))."""
         t = ids.shape[1]
         x = self.embedding_gather(self.embedding, ids, 0)
         documents, positions = None, None
@@ -145,13 +148,6 @@ class CausalLM(nn.Cell):
                 x = out
             states = states + (x,)
         return states + (self.final_norm(x),), aux / max(1, self.num_moe_layers), stats
-
-    def forward_with_router(self, ids):
-        """ids → (logits, router aux loss (float32 scalar: the coefficient-weighted load-balancing and z-losses,
-        averaged over the MoE layers), router statistics (MoE layers, E + 5) float32; ms_llm.nn.moe.STAT_NAMES).
-        What the training step calls for a model with MoE layers; `construct` returns the logits alone."""
-        states, aux, stats = self.run_layers(ids)
-        return self.logits(states[-1]), aux, ops.stack(stats)
 
     def head_weight(self):
         """The LM head's (vocab, hidden) float32 weight: the token embedding when tied."""

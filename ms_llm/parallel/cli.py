@@ -6,14 +6,14 @@ import re
 from ms_llm.errors import UserError
 from ms_llm.parallel import planner
 from ms_llm.parallel.shapes import ModelShape
-from ms_llm.config.cli_args import add_set_argument
+from ms_llm.config.cli_args import add_config_arguments
 
 
 def add_parsers(subparsers):
     p = subparsers.add_parser("plan", help="parallel layout: memory per device, communication, step time; "
                                            "--search ranks the layouts that fit")
-    p.add_argument("--config", help="YAML config (optional when --set model.preset=... gives the model)")
-    add_set_argument(p, help="override a config value (repeatable), e.g. --set parallel_config.model_parallel=2")
+    add_config_arguments(p, required=False, help="YAML config (optional when --set model.preset=... gives the model)",
+                         set_help="override a config value (repeatable), e.g. --set parallel_config.model_parallel=2")
     p.add_argument("--devices", type=int, help="devices in the cluster (default: dp×mp×pp of the config; "
                                                "with data_parallel null, one node)")
     p.add_argument("--device-memory", default=f"{planner.DEFAULT_DEVICE_MEMORY_GIB:g}GB",

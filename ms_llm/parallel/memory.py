@@ -277,7 +277,7 @@ def activation_terms(shape, layout, stage, layers):
 def logits_term(shape, layout):
     """The LM head's logits and the loss's working memory for one micro-batch on the last stage.
 
-    Chunked (train.loss_chunk_tokens, ms_llm.train.loss): one chunk of `rows` tokens at a time, forward and
+    Chunked (train.loss_chunk_tokens, ms_llm.train.losses.chunked): one chunk of `rows` tokens at a time, forward and
     backward. CPU (measured): the float32 logits and their float32 gradient, rows·V·(4 + 4) B, plus their
     compute-dtype copies with 16-bit compute. Ascend (assumed, not measured here): MindSpore ops instead of the
     fused CPU kernel keep the compute-dtype logits, the float32 logits, their shifted exponentials and the

@@ -1,4 +1,4 @@
-"""The `report` and `compare-curves` subcommands; `add_parsers(subparsers)` registers them on ms_llm.cli's
+"""The `report` and `compare-curves` subcommands; `add_parsers(subparsers, diagnose)` registers them on ms_llm.cli's
 parser.
 
 Exit codes: report 0; compare-curves 0 = within tolerance, 1 = the curves part (a CI gate), 2 = bad input
@@ -16,7 +16,8 @@ def cmd_report(args):
     from ms_llm.report.report import write_report
 
     t0 = time.perf_counter()
-    path = write_report(args.runs, args.output, args.align, args.title, diagnose=not args.no_diagnose)
+    path = write_report(args.runs, args.output, args.align, args.title,
+                        diagnose=None if args.no_diagnose else args.diagnose)
     size = os.path.getsize(path)
     print(f"report: {path} ({size / 1e6:.2f} MB, {time.perf_counter() - t0:.1f} s); open it in a browser, it "
           f"needs no network", flush=True)
@@ -30,7 +31,7 @@ def _tolerance(name, value):
 
 
 def cmd_compare_curves(args):
-    from ms_llm.report import curves
+    from ms_llm.rundir import curves
 
     rtol, atol = _tolerance("rtol", args.rtol), _tolerance("atol", args.atol)
     a = curves.load_curve(args.a, args.metric)
@@ -52,8 +53,9 @@ def cmd_compare_curves(args):
     return 0
 
 
-def add_parsers(subparsers):
-    from ms_llm.report.curves import DEFAULT_ATOL, DEFAULT_RTOL
+def add_parsers(subparsers, diagnose=None):
+    """`diagnose`: run dir → its findings, for the report's diagnosis section (handed in by ms_llm/cli.py)."""
+    from ms_llm.rundir.curves import DEFAULT_ATOL, DEFAULT_RTOL
 
     p = subparsers.add_parser("report", help="one self-contained HTML page of a run's curves, events, diagnosis, "
                                              "profile and config; several runs are overlaid")
@@ -64,14 +66,15 @@ def add_parsers(subparsers):
                    help="x axis of the curves: step (default) or tokens (step × global batch × sequence length)")
     p.add_argument("--title", help="page title (default: the run names)")
     p.add_argument("--no-diagnose", action="store_true", help="leave out ms-llm diagnose's findings")
-    p.set_defaults(func=cmd_report)
+    p.set_defaults(func=cmd_report, diagnose=diagnose)
 
     p = subparsers.add_parser("compare-curves", help="largest difference and first parting step of two runs' "
                                                      "curves (exit 1 when they part: a regression gate)")
     p.add_argument("a", metavar="A", help="run directory (or golden JSON)")
     p.add_argument("b", metavar="B", nargs="?", help="run directory or golden JSON: the reference")
     p.add_argument("--metric", default="loss", help="metrics.jsonl field to compare (default: loss; val_loss for "
-                                                    "the evaluations)")
+                                                    "the evaluations; TASK/acc for an lm-eval task evaluated during "
+                                                    "training)")
     p.add_argument("--rtol", type=float, default=DEFAULT_RTOL,
                    help=f"relative tolerance against B (default {DEFAULT_RTOL:g})")
     p.add_argument("--atol", type=float, default=DEFAULT_ATOL,

@@ -3,26 +3,25 @@ at every evaluation; `ms-llm report` calls it from the command line)."""
 import datetime
 import os
 
-from ms_llm.rundir.reader import ENV_KEYS, changed, flatten, summarize
+from ms_llm.rundir.reader import summarize
 from ms_llm.errors import UserError
 from ms_llm.fileio import atomic_write_bytes
-from ms_llm.report import page
-from ms_llm.report.data import load_runs
-from ms_llm.report.payload import EVENT_COLORS, WINDOW_EVENTS, event_detail
-
-MAX_EVENT_ROWS = 300
-
+from ms_llm.pages import html as page
+from ms_llm.pages.runs import load_runs
+from ms_llm.pages.sections import config_section, differences_section, events_section
+from ms_llm.rundir import names
 
 def default_output(run_dirs):
-    return os.path.join(run_dirs[0], "report.html") if len(run_dirs) == 1 else "report.html"
+    return os.path.join(run_dirs[0], names.REPORT) if len(run_dirs) == 1 else names.REPORT
 
 
-def write_report(run_dirs, output=None, align="step", title=None, diagnose=True):
+def write_report(run_dirs, output=None, align="step", title=None, diagnose=None):
     """Write the report of `run_dirs` (a path or a list of paths) to `output` (default: RUN/report.html for
     one run, ./report.html for several). Returns the path written. Bad input is a UserError.
 
     The file is replaced atomically, so a copy taken while the trainer refreshes it (OBS sync) is never half
-    written. `diagnose=False` leaves out `ms-llm diagnose`'s findings (the costliest part on long runs).
+    written. `diagnose`: run dir → its findings (`ms-llm diagnose`'s); None leaves the diagnosis out (the costliest
+    part on long runs).
     """
     if isinstance(run_dirs, (str, os.PathLike)):
         run_dirs = [run_dirs]
@@ -37,8 +36,8 @@ def write_report(run_dirs, output=None, align="step", title=None, diagnose=True)
     return output
 
 
-def render(runs, align, title, diagnose=True):
-    from ms_llm.report.payload import Builder
+def render(runs, align, title, diagnose=None):
+    from ms_llm.pages.payload import Builder  # Bokeh takes about a second to import: only when a page is drawn
 
     builder = Builder(runs, align)
     panels = builder.build()
@@ -54,7 +53,7 @@ def render(runs, align, title, diagnose=True):
         "events": events_section(runs),
         "telemetry": f'<div class="grid">{"".join(grids["telemetry"])}</div>' if grids.get("telemetry") else None,
         "heatmap": f'<div class="grid">{"".join(grids["heatmap"])}</div>' if grids.get("heatmap") else None,
-        "diagnosis": diagnosis_section(runs) if diagnose else None,
+        "diagnosis": diagnosis_section(runs, diagnose) if diagnose else None,
         "profile": profile_section(runs),
         "config": config_section(runs),
     }
@@ -87,7 +86,8 @@ def summary_section(runs):
 
 
 TIME_COLORS = {"startup": "#bcbd22", "compile": "#8c564b", "training": "#2ca02c", "data wait": "#ff7f0e",
-               "evaluation": "#1f77b4", "checkpoints": "#9467bd", "report": "#17becf", "the rest": "#c7c7c7"}
+               "evaluation": "#1f77b4", "task evaluation": "#393b79", "checkpoints": "#9467bd", "report": "#17becf",
+               "the rest": "#c7c7c7"}
 HOOK_COLORS = ("#d62728", "#e377c2", "#7f7f7f", "#aec7e8", "#ffbb78")
 
 
@@ -123,45 +123,15 @@ def duration(seconds):
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
-def differences_section(runs):
-    """Config and environment keys whose values differ between the runs (one column per run)."""
-    out = []
-    for what, get in (("config", lambda rd: flatten(rd.run.config)),
-                      ("environment", lambda rd: flatten({k: rd.run.info.get(k) for k in ENV_KEYS
-                                                          if k in rd.run.info}))):
-        flat = [get(rd) for rd in runs]
-        keys = sorted({k for f in flat[1:] for k, _, _ in changed(flat[0], f)})
-        keys = [k for k in keys if not k.endswith("strategy_dir")]  # per-run path by construction
-        if keys:
-            out.append(f"<h3>{what}: {len(keys)} key(s) differ</h3>"
-                       + page.table(["key"] + [rd.name for rd in runs],
-                                    [[k] + [f.get(k, "(absent)") for f in flat] for k in keys]))
-        else:
-            out.append(f'<p class="note">{what}: no differences</p>')
-    return "".join(out)
 
 
-def events_section(runs):
-    rows = []
-    for rd in runs:
-        rows += [[rd.name, e["step"], e.get("event"), event_detail(e)] for e in rd.events()]
-    if not rows:
-        return ('<p class="note">no events (resume, preemption, NaN, rollback, checkpoint, anomaly skip) recorded; '
-                'runs made before events were logged have none.</p>')
-    legend = " ".join(f'<span style="color:{c}">━ {page.esc(k)}</span>' for k, c in EVENT_COLORS.items())
-    more = (f'<p class="note">{len(rows) - MAX_EVENT_ROWS} more not listed</p>' if len(rows) > MAX_EVENT_ROWS else "")
-    return (f'<p class="note">on the curves: {legend}; the profiled window ({", ".join(WINDOW_EVENTS)}) is shaded '
-            f'on the speed panels.</p>' + page.table(["run", "step", "event", "details"], rows[:MAX_EVENT_ROWS],
-                                                    numeric=(1,)) + more)
-
-
-def diagnosis_section(runs):
-    from ms_llm.diagnose.engine import diagnose
-
+def diagnosis_section(runs, diagnose):
+    """The findings `diagnose(run_dir)` returns for each run (ms_llm.diagnose's, handed in by whoever writes the
+    report: the report reads run directories and never imports another tool)."""
     out = []
     for rd in runs:
         try:
-            _, findings = diagnose(rd.path, None)
+            findings = diagnose(rd.path)
         except UserError as e:
             out.append(f"<h3>{page.esc(rd.name)}</h3><p class=note>not diagnosed: {page.esc(e)}</p>")
             continue
@@ -193,19 +163,3 @@ def profile_section(runs):
                    + page.table(["#", "operator", "ms/step", "calls/step", "share"], rows, numeric=(0, 2, 3, 4)))
     return "".join(out) or ('<p class="note">not profiled (set monitor.profile.start_step / stop_step to record '
                             'a window and list its top operators here).</p>')
-
-
-def config_section(runs):
-    out = []
-    for i, rd in enumerate(runs):
-        env = {k: v for k, v in rd.run.info.items() if k not in ("final", "run_dir")}
-        final = rd.run.final
-        rows_env = sorted(flatten(env).items()) + [(f"final.{k}", v) for k, v in sorted(flatten(final).items())
-                                                   if k != "profile_top_ops"]
-        note = f'<p class="note">config note: {page.esc(rd.run.config_note)}</p>' if rd.run.config_note else ""
-        out.append(f'<details{" open" if i == 0 else ""}><summary>{page.esc(rd.name)}</summary>{note}'
-                   f'<div class="grid"><div><h3>config.yaml</h3>'
-                   f'{page.table(["key", "value"], sorted(flatten(rd.run.config).items()))}</div>'
-                   f'<div><h3>environment (run_info.json)</h3>{page.table(["key", "value"], rows_env)}</div></div>'
-                   f'</details>')
-    return "".join(out)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ms_llm.errors import UserError
-from ms_llm.fileio import run_config_path
+from ms_llm.rundir.names import run_config_path
 from ms_llm.rundir.walltime import account, duration, shares
 
 # Values the metrics writer stores as strings because JSON has no NaN/Inf (see monitor/metrics.py).
@@ -26,6 +26,7 @@ class Run:
     info: dict = field(default_factory=dict)
     train: list = field(default_factory=list)  # log-interval records (have "loss")
     evals: list = field(default_factory=list)  # {"step", "val_loss", ...}
+    task_evals: list = field(default_factory=list)  # {"step", "tasks", "<task>/<metric>", ...} (ms_llm.eval.hook)
     events: list = field(default_factory=list)  # {"step", "event", ...}
     stats: list = field(default_factory=list)  # stats.jsonl records
     bad_lines: int = 0  # unparseable lines (a crash can leave a truncated last line)
@@ -68,7 +69,8 @@ class Run:
 
     @property
     def steps_done(self):
-        steps = [r["step"] for r in self.train + self.evals + self.events if isinstance(r.get("step"), int)]
+        steps = [r["step"] for r in self.train + self.evals + self.events + self.task_evals
+                 if isinstance(r.get("step"), int)]
         return self.final.get("steps") or (max(steps) if steps else 0)
 
     @property
@@ -112,15 +114,7 @@ def load_run(path, need_metrics=True):
     run.config, run.config_note = read_config(run_config_path(path))
     run.info = read_json(os.path.join(path, "run_info.json"))
     records, run.bad_lines = read_jsonl(metrics)
-    for r in records:
-        if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool):
-            run.bad_lines += 1  # every trainer record has an integer step
-        elif "event" in r:
-            run.events.append(r)
-        elif "val_loss" in r:
-            run.evals.append(r)
-        elif "loss" in r:
-            run.train.append(r)
+    run.bad_lines += add_records(run, records)
     run.stats, bad = read_jsonl(os.path.join(path, "stats.jsonl"))
     run.bad_lines += bad
     return run
@@ -155,25 +149,54 @@ def read_json(path):
 
 def read_jsonl(path):
     """(records, number of unparseable lines); a missing file is no records."""
-    if not os.path.isfile(path):
-        return [], 0
-    records, bad = [], 0
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                r = json.loads(line)
-            except ValueError:
-                bad += 1
-                continue
-            if isinstance(r, dict):
-                records.append({k: (NONFINITE[v] if isinstance(v, str) and v in NONFINITE and k not in TEXT_KEYS
-                                    else v) for k, v in r.items()})
-            else:
-                bad += 1
+    records, bad, _ = read_jsonl_from(path, 0, whole_lines=False)
     return records, bad
+
+
+def read_jsonl_from(path, offset, whole_lines=True):
+    """(records, unparseable lines, the offset after the last line read) from byte `offset` on: a file another
+    process is still appending to is read on where the last call stopped (with `whole_lines`, a last line without
+    its newline yet is left for the next call)."""
+    if not os.path.isfile(path):
+        return [], 0, offset
+    records, bad = [], 0
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    if whole_lines:
+        data = data[:data.rfind(b"\n") + 1]
+    for line in data.decode("utf-8", errors="replace").splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            r = json.loads(line)
+        except ValueError:
+            bad += 1
+            continue
+        if isinstance(r, dict):
+            records.append({k: (NONFINITE[v] if isinstance(v, str) and v in NONFINITE and k not in TEXT_KEYS
+                                else v) for k, v in r.items()})
+        else:
+            bad += 1
+    return records, bad, offset + len(data)
+
+
+def add_records(run, records):
+    """File metrics.jsonl records into the run's lists, as load_run does; returns the number of bad ones."""
+    bad = 0
+    for r in records:
+        if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool):
+            bad += 1  # every trainer record has an integer step
+        elif "event" in r:
+            run.events.append(r)
+        elif "tasks" in r:
+            run.task_evals.append(r)
+        elif "val_loss" in r:
+            run.evals.append(r)
+        elif "loss" in r:
+            run.train.append(r)
+    return bad
 
 
 # --- ms-llm runs: the table --------------------------------------------------------------------------
@@ -239,7 +262,8 @@ def _model(r):
     return " ".join(p for p in parts if p)
 
 
-SHORT = {"training": "steps", "data wait": "data", "evaluation": "eval", "checkpoints": "ckpt",
+SHORT = {"training": "steps", "data wait": "data", "evaluation": "eval", "task evaluation": "tasks",
+         "checkpoints": "ckpt",
          "tensor statistics": "stats", "NaN check": "nan", "profiler window": "profile", "anomaly guard": "anomaly",
          "the rest": "rest"}
 

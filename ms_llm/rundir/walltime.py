@@ -6,9 +6,10 @@ not inferred): `ms-llm runs`, the report's stacked bar and `ms-llm diagnose` rea
     compile     the first step of each process (graphs compiled or loaded)  first record's compile_s
     training    the steps themselves                                       Σ interval_s − data wait − hooks
     data wait   waiting for batches                                        Σ data_wait_frac × interval_s
-    hooks       per-step extras, by hook (tensor statistics, NaN check,    Σ hooks_s
-                profiler window, anomaly guard)
+    hooks       per-step extras, by hook (tensor statistics, NaN check,    Σ hooks_s (+ Σ duration_s of the
+                profiler window, anomaly guard, live diagnosis)            live diagnosis' `diagnose` events)
     evaluation  validation passes                                          Σ duration_s of val records
+    task evaluation  lm-eval tasks (the eval: section, ms_llm.eval.hook)    Σ duration_s of task records
     checkpoints the training loop's part of each save                      Σ duration_s of checkpoint events
     report      report.html refreshes                                      Σ duration_s of report events
     the rest    the wall time none of these measured                       wall − Σ of the above
@@ -19,22 +20,24 @@ their phases unmeasured: their time falls into "the rest", and `measured` says s
 """
 import math
 
-TIMING_EVENTS = ("report",)  # events that only carry a duration: not drawn or listed as things that happened
+TIMING_EVENTS = ("report", "diagnose")  # events that only carry a duration: not drawn or listed as things that happened
 # phase -> the config keys that control it (what the diagnosis names)
 KEYS = {
     "startup": "data.dataset_dir / data.source (preprocessing at start), the dataset's checksums on first use",
     "compile": "context.compile_cache (reuse compiled graphs across restarts)",
     "data wait": "data.num_workers",
     "evaluation": "train.eval_interval / train.eval_steps",
+    "task evaluation": "eval.interval / eval.limit / eval.tasks",
     "checkpoints": "checkpoint.save_interval / checkpoint.async_save",
     "report": "monitor.report",
 }
 HOOK_KEYS = {"TensorStats": "monitor.tensor_stats", "NanWatch": "monitor.nan_check", "ProfileWindow": "monitor.profile",
              "AnomalyRollback": "train.anomaly", "Telemetry": "monitor.telemetry_interval_s",
-             "ReportRefresh": "monitor.report"}
+             "ReportRefresh": "monitor.report", "TaskEval": "eval.tasks", "LiveDiagnosis": "monitor.diagnose"}
 HOOK_NAMES = {"TensorStats": "tensor statistics", "NanWatch": "NaN check", "ProfileWindow": "profiler window",
-              "AnomalyRollback": "anomaly guard", "Telemetry": "telemetry"}
-ORDER = ("startup", "compile", "training", "data wait", "evaluation", "checkpoints", "report")
+              "AnomalyRollback": "anomaly guard", "Telemetry": "telemetry", "LiveDiagnosis": "live diagnosis",
+              "TaskEval": "task evaluation hook"}  # its per-step check; the evaluations: 'task evaluation'
+ORDER = ("startup", "compile", "training", "data wait", "evaluation", "task evaluation", "checkpoints", "report")
 
 
 def _num(v):
@@ -47,7 +50,7 @@ def segments(run):
     between processes (a resumed run has one per restart). Records without both fields form one group only when no
     record has them."""
     groups, untimed = {}, []
-    for r in run.train + run.evals + run.events:
+    for r in run.train + run.evals + run.events + run.task_evals:
         t, e = r.get("time"), r.get("elapsed_s")
         if _num(t) and _num(e):
             groups.setdefault(round(t - e), []).append(r)
@@ -113,11 +116,15 @@ def _account(run):
             if "val_loss" in r:
                 phases["evaluation"] += d if _num(d) else 0.0
                 measured &= _num(d)
+            elif "tasks" in r:
+                phases["task evaluation"] += d if _num(d) else 0.0
             elif r.get("event") == "checkpoint":
                 phases["checkpoints"] += d if _num(d) else 0.0
                 measured &= _num(d)
             elif r.get("event") == "report" and _num(d):
                 phases["report"] += d
+            elif r.get("event") == "diagnose" and _num(d):  # the live diagnosis at an evaluation (outside the
+                hooks["LiveDiagnosis"] = hooks.get("LiveDiagnosis", 0.0) + d  # log intervals' hooks_s)
         if not _num(startup):
             measured = False
     if n == 0 or wall <= 0:

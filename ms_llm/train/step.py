@@ -20,11 +20,11 @@ Micro-batches before the last only accumulate (`AccumulateStep`); the last one a
 (`TrainStep`), so with accum == 1 a step is a single compiled call.
 """
 import mindspore as ms
-from mindspore import Parameter, nn, ops
+from mindspore import Parameter, ParameterTuple, nn, ops
 from mindspore.common.initializer import initializer
 
 from ms_llm.nn.backend import PORTABLE
-from ms_llm.train.loss import ChunkedCrossEntropy, cross_entropy, head_inputs  # noqa: F401 (cross_entropy: API)
+from ms_llm.nn.dropout import KEY_NAME
 
 
 def sum_of_squares(x, fused_op=None):
@@ -38,44 +38,11 @@ def sum_of_squares(x, fused_op=None):
     return sq.sum()
 
 
-class LossFn(nn.Cell):
-    """ids (B, T+1) → (loss * scale / accum, loss): the first output is differentiated, the second logged.
-
-    A model with mixture-of-experts layers (`num_moe_layers`) goes through `routed_loss` instead. Otherwise, with
-    `loss_chunk` > 0, the LM head and cross-entropy run over that many tokens at a time (ms_llm.train.loss)."""
-
-    def __init__(self, model, accum, loss_chunk=0, backend=PORTABLE):
-        super().__init__(auto_prefix=False)  # keep parameter names as the model has them ("layers.0...")
-        self.model = model
-        self.accum = accum
-        self.routed = getattr(model, "num_moe_layers", 0) > 0
-        self.chunked = loss_chunk > 0 and not self.routed
-        self.chunked_loss = ChunkedCrossEntropy(loss_chunk, model.dtype, backend) if self.chunked else None
-
-    def construct(self, ids, scale):
-        if self.routed:
-            return self.routed_loss(ids, scale)
-        if self.chunked:
-            x, weight, targets, token_weights = head_inputs(self.model, ids)
-            scaled, loss, _, _ = self.chunked_loss(x, weight, targets, token_weights, scale / self.accum)
-            return scaled, loss
-        logits = self.model(ids[:, :-1])
-        loss = cross_entropy(logits, ids[:, 1:])
-        return loss * scale / self.accum, loss
-
-    def routed_loss(self, ids, scale):
-        """MoE: ((LM loss + router aux loss) * scale / accum, LM loss, router statistics (MoE layers, E + 5)). The
-        aux loss is differentiated with the LM loss and under the same ÷ accum rule; the logged loss stays the LM
-        cross-entropy, comparable with val_loss and with dense runs (the aux loss is logged on its own)."""
-        logits, aux, stats = self.model.forward_with_router(ids[:, :-1])
-        loss = cross_entropy(logits, ids[:, 1:])
-        return (loss + aux) * scale / self.accum, loss, stats
-
-
 class StepState(nn.Cell):
-    """Everything the step owns besides the model and optimizer: loss scale, counters, grad buffers."""
+    """Everything the step owns besides the model and optimizer: loss scale, counters, grad buffers, the sums of the
+    loss's aux outputs."""
 
-    def __init__(self, params, precision, accum, lr_table, router_shape=None):
+    def __init__(self, params, precision, accum, lr_table, aux_shapes=(), dropout_key=None):
         super().__init__(auto_prefix=False)
         self.lr_scale = Parameter(initializer(1.0, (), ms.float32), name="lr_scale")  # lowered by rollbacks
         self.anomaly_count = Parameter(initializer(0, (), ms.int32), name="anomaly_count")
@@ -87,39 +54,60 @@ class StepState(nn.Cell):
         self.accum_loss = Parameter(initializer(0, (), ms.float32), name="accum_loss")
         self.grad_buffers = params.clone(prefix="grad_accum", init="zeros") if accum > 1 else None
         self.lr_table = ms.Tensor(lr_table)
-        # MoE: router statistics summed over the micro-batches since the host last read them (one read per log
-        # interval, ms_llm.train.router_stats); a row per MoE layer, ms_llm.nn.moe.STAT_NAMES after the expert counts
-        self.router_stats = Parameter(initializer(0, router_shape, ms.float32), name="router_stats",
-                                      requires_grad=False) if router_shape else None
+        # the loss's aux outputs (a mixture of experts' router statistics) summed over the micro-batches since the
+        # host last read them (once per log interval: train/loop/router_stats.py)
+        self.aux_sums = ParameterTuple([Parameter(initializer(0, shape, ms.float32), name=name, requires_grad=False)
+                                        for name, shape in aux_shapes])
+        self.has_aux = len(aux_shapes) > 0
+        # dropout: the model's key (seed, step, micro-batch, rank, dp) gets this step's and micro-batch's numbers
+        # before each forward, so that a mask is a function of them (ms_llm/nn/dropout.py)
+        self.has_dropout = dropout_key is not None
+        self.micro = Parameter(initializer(0, (), ms.int32), name="micro_batch", requires_grad=False) \
+            if self.has_dropout else None
+
+    def key_dropout(self, dropout_key):
+        """Write (global step, micro-batch) into the model's dropout key; returns the next micro-batch number."""
+        now = ops.stack([self.global_step.value(), self.micro.value()])
+        ops.assign(dropout_key, ops.concat([dropout_key[0:1], now, dropout_key[3:]]))
+        return self.micro + 1
+
+    def add_aux(self, aux):
+        for total, x in zip(self.aux_sums, aux):
+            ops.assign_add(total, x.astype(ms.float32))
 
 
 class AccumulateStep(nn.Cell):
     """A micro-batch that is not the last of its step: add its gradients to the buffers."""
 
-    def __init__(self, loss_fn, weights, state):
+    def __init__(self, loss, weights, state, accum):
         super().__init__(auto_prefix=False)
         # The loss cell is an attribute, not only captured by grad_fn: a graph loaded from the compile cache is
         # bound to the parameters its Cell owns, and any other parameter it reads becomes a private zero copy.
-        self.loss_fn, self.state = loss_fn, state
-        self.routed = loss_fn.routed  # MoE: the loss also returns router statistics, summed like the loss
-        self.grad_fn = ms.value_and_grad(loss_fn, None, weights, has_aux=True)
+        self.loss, self.state = loss, state
+        self.grad_fn = ms.value_and_grad(loss, None, weights, has_aux=True)
         self.hyper_map = ops.HyperMap()
+        self.accum = accum
+        self.dropout_key = getattr(loss.model, KEY_NAME, None) if state.has_dropout else None
 
-    def construct(self, ids, *inputs):
-        out, grads = self.grad_fn(ids, self.state.loss_scale, *inputs)
+    def construct(self, *inputs):
+        st = self.state
+        if st.has_dropout:
+            ops.assign(st.micro, st.key_dropout(self.dropout_key))
+        out, grads = self.grad_fn(st.loss_scale.value() / self.accum, *inputs)
         loss = out[1]
-        self.hyper_map(ops.assign_add, self.state.grad_buffers, grads)
-        ops.assign_add(self.state.accum_loss, loss)
-        if self.routed:
-            ops.assign_add(self.state.router_stats, out[2])
+        self.hyper_map(ops.assign_add, st.grad_buffers, grads)
+        ops.assign_add(st.accum_loss, loss)
+        if st.has_aux:
+            st.add_aux(out[2:])
         return loss
 
 
 class TrainStep(nn.Cell):
-    """The last micro-batch of a step plus the update. Returns (loss, grad_norm, code, loss_scale); code: 0 applied, 1 skipped (non-finite), 2 skipped by the anomaly guard."""
+    """The last micro-batch of a step plus the update. Returns (loss, grad_norm, code, loss_scale); code: 0 applied,
+    1 skipped (non-finite), 2 skipped by the anomaly guard. `loss`: the run's loss cell (ms_llm/train/losses)."""
 
-    def __init__(self, model, optimizer, precision, clip_grad, accum=1, dp=1, lr_table=None, anomaly=None,
-                 backend=PORTABLE, loss_fn=None, loss_chunk=0):
+    def __init__(self, model, optimizer, loss, precision, clip_grad, accum=1, dp=1, lr_table=None, anomaly=None,
+                 backend=PORTABLE):
         super().__init__(auto_prefix=False)
         self.guard = anomaly is not None
         if self.guard:
@@ -127,12 +115,12 @@ class TrainStep(nn.Cell):
             self.ema = 2.0 / (anomaly.window + 1)
         self.optimizer = optimizer
         self.weights = optimizer.params
-        # fine-tuning: a loss over masked tokens (masked_loss.MaskedLossFn), whose extra inputs (token weights,
-        # segment ids, mask count) follow the ids into construct and accumulate
-        self.loss_fn = loss_fn if loss_fn is not None else LossFn(model, accum, loss_chunk, backend)
+        self.loss = loss
         self.grad_fn = self.loss_and_grad()
-        self.state = StepState(self.weights, precision, accum, lr_table, router_stats_shape(model))
-        self.accumulate = AccumulateStep(self.loss_fn, self.weights, self.state) if accum > 1 else None
+        self.dropout_key = getattr(model, KEY_NAME, None)
+        self.state = StepState(self.weights, precision, accum, lr_table, getattr(loss, "aux_shapes", ()),
+                               self.dropout_key)
+        self.accumulate = AccumulateStep(loss, self.weights, self.state, accum) if accum > 1 else None
         self.accum, self.dp, self.clip = accum, dp, clip_grad
         self.dynamic = precision.loss_scale == "dynamic"
         self.scale_window, self.scale_factor = precision.scale_window, precision.scale_factor
@@ -140,17 +128,21 @@ class TrainStep(nn.Cell):
         self.hyper_map = ops.HyperMap()
         self.all_reduce = ops.AllReduce() if dp > 1 else None
         self.sum_squares = backend.kernel("sum_squares")
+        self.set_train(True)  # the loss and the model inside train (dropout on, the loss's gradient path)
 
     def loss_and_grad(self):
-        return ms.value_and_grad(self.loss_fn, None, self.weights, has_aux=True)
+        return ms.value_and_grad(self.loss, None, self.weights, has_aux=True)
 
-    def gradients(self, ids, scale, *inputs):
+    def gradients(self, scale, *inputs):
         """(mean loss of the step, gradients of loss * scale summed over its micro-batches and ranks)."""
         st = self.state
-        out, grads = self.grad_fn(ids, scale, *inputs)
+        if st.has_dropout:  # the last micro-batch of the step; the next step starts at micro-batch 0
+            st.key_dropout(self.dropout_key)
+            ops.assign(st.micro, ops.zeros((), ms.int32))
+        out, grads = self.grad_fn(scale / self.accum, *inputs)
         loss = out[1]
-        if self.loss_fn.routed:
-            ops.assign_add(st.router_stats, out[2])
+        if st.has_aux:
+            st.add_aux(out[2:])
         if self.accum > 1:
             grads = self.hyper_map(ops.add, grads, st.grad_buffers)
             loss = (loss + st.accum_loss) / self.accum
@@ -161,10 +153,10 @@ class TrainStep(nn.Cell):
             loss = self.all_reduce(loss) / self.dp
         return loss, grads
 
-    def construct(self, ids, *inputs):
+    def construct(self, *inputs):
         st = self.state
         scale = st.loss_scale.value()
-        loss, grads = self.gradients(ids, scale, *inputs)
+        loss, grads = self.gradients(scale, *inputs)
         # Gradients are still multiplied by scale * dp here. One norm serves three purposes: it is finite
         # exactly when every gradient is (an inf or NaN anywhere makes the sum of squares inf or NaN), it is
         # the reported grad norm once divided by scale * dp, and it sets the clip factor. Unscaling and
@@ -216,44 +208,6 @@ class TrainStep(nn.Cell):
         return spike
 
 
-def router_stats_shape(model):
-    """(MoE layers, experts + statistics) of the router statistics buffer, or None for a model without MoE."""
-    layers = getattr(model, "num_moe_layers", 0)
-    if not layers:
-        return None
-    from ms_llm.nn.moe import STAT_NAMES
-
-    return layers, model.router_experts + len(STAT_NAMES)
-
-
-class TokenLoss(nn.Cell):
-    """cross_entropy as a Cell, so that pipeline parallelism can place it on the last stage."""
-
-    def construct(self, logits, targets):
-        return cross_entropy(logits, targets)
-
-
-class MicroBatchLoss(nn.Cell):
-    """ids (B, T+1) → loss / micro_batch_num: the pipeline wrapper sums these over the micro-batches of a step."""
-
-    def __init__(self, model, micro_batch_num):
-        super().__init__(auto_prefix=False)
-        self.model = model
-        self.loss = TokenLoss()
-        self.micro_batch_num = micro_batch_num
-
-    def construct(self, ids):
-        return self.loss(self.model(ids[:, :-1]), ids[:, 1:]) / self.micro_batch_num
-
-
-class ReusedMicroBatchLoss(MicroBatchLoss):
-    """Compiled once for all micro-batches of the pipeline (MindSpore deprecates pipelines without it)."""
-
-    @ms.lazy_inline
-    def __init__(self, model, micro_batch_num):
-        super().__init__(model, micro_batch_num)
-
-
 class PipelineTrainStep(TrainStep):
     """Pipeline parallelism: one call takes all `micro_batch_num` micro-batches of the step on this data-parallel
     rank, concatenated. MindSpore's `Pipeline` wrapper slices them and schedules the stages (1F1B); the pipeline
@@ -264,13 +218,12 @@ class PipelineTrainStep(TrainStep):
     With `reducer=None` (a single device) the same graph is plain gradient accumulation inside one call, which
     is how the CPU tests check it against TrainStep."""
 
-    def __init__(self, model, optimizer, precision, clip_grad, micro_batch_num, lr_table=None, anomaly=None,
-                 reducer=None, reuse=False):
+    def __init__(self, model, optimizer, loss, precision, clip_grad, micro_batch_num, lr_table=None, anomaly=None,
+                 reducer=None):
         from mindspore.parallel.nn import Pipeline
 
-        super().__init__(model, optimizer, precision, clip_grad, 1, 1, lr_table, anomaly)
-        loss_cls = ReusedMicroBatchLoss if reuse else MicroBatchLoss
-        self.pipeline = Pipeline(loss_cls(model, micro_batch_num), micro_batch_num)
+        super().__init__(model, optimizer, loss, precision, clip_grad, 1, 1, lr_table, anomaly)
+        self.pipeline = Pipeline(loss, micro_batch_num)
         self.grad_op = ops.GradOperation(get_by_list=True, sens_param=True)
         self.reducer = reducer
         self.has_reducer = reducer is not None
@@ -282,7 +235,7 @@ class PipelineTrainStep(TrainStep):
     def loss_cell(self):
         return self.pipeline.network.loss
 
-    def gradients(self, ids, scale):
+    def gradients(self, scale, ids):
         loss = self.pipeline(ids)
         grads = self.grad_op(self.pipeline, self.weights)(ids, ops.ones_like(loss) * scale)
         if self.has_reducer:

@@ -2,7 +2,7 @@
 
 Read `run()` top to bottom: it is the whole story. The helpers below it do one thing each; the per-step
 extras (profiler window, NaN watch, tensor statistics, anomaly rollback, report, telemetry) are hooks the
-caller hands in (ms_llm.train.hooks).
+caller hands in (ms_llm.train.loop.hooks).
 """
 import os
 import shutil
@@ -11,25 +11,30 @@ import time
 from ms_llm.checkpoint import state as ckpt_state
 from ms_llm.checkpoint.saver import CheckpointSaver
 from ms_llm.config import save_config
+from ms_llm.data.manifest import has_manifest
 from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
+from ms_llm.nn.dropout import KEY_NAME as DROPOUT_KEY
 from ms_llm.parallel.layout import uses_semi_auto
 from ms_llm.train import compile_cache
 from ms_llm.rundir import writer as rd
-from ms_llm.train.context import all_ranks_ok, launch_world_size, select_device, setup_context
-from ms_llm.train.finetune import evaluate_session
-from ms_llm.train.hooks import TrainingRun, call
+from ms_llm.train.setup.context import all_ranks_ok, launch_world_size, select_device, setup_context
+from ms_llm.train.loop.evaluate import evaluate_session
+from ms_llm.train.loop.hooks import TrainingRun, call
 from ms_llm.train.lr_schedule import lr_at
-from ms_llm.train.meter import IntervalMeter
-from ms_llm.train.preemption import Preemption
-from ms_llm.train.resume import keep_metrics_until, load_initial_weights, resume_from
-from ms_llm.train.run_log import RunLog
-from ms_llm.train.run_plan import plan_run
-from ms_llm.train.resolve import check_launch
-from ms_llm.train.router_stats import router_stats_for
+from ms_llm.train.loop.meter import IntervalMeter
+from ms_llm.train.loop.preemption import Preemption
+from ms_llm.train.setup.resume import keep_metrics_until, load_initial_weights, resume_from
+from ms_llm.train.loop.run_log import RunLog
+from ms_llm.train.setup.run_plan import plan_run
+from ms_llm.train.setup.resolve import check_launch
+from ms_llm.train.loop.router_stats import router_stats_for
+from ms_llm.train.setup.dataset import prepare_dataset
 from ms_llm.train.session import open_session
-from ms_llm.train.skipped_steps import RunHalted, SkippedSteps
+from ms_llm.train.step_runner import StepRunner
+from ms_llm.train.loop.skipped_steps import RunHalted, SkippedSteps
+from ms_llm.rundir import names
 
 
 def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_only=False, hooks=()):
@@ -41,6 +46,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     rt = setup_context(cfg.context)
     log = RunLog(echo, rt.rank)
     plan = plan_run(cfg, rt, uses_semi_auto(cfg.parallel_config), run_dir, resume, weights_only, config_path, log)
+    prepare_dataset(cfg, rt, log)
     s = open_session(cfg, log, rt=rt, strategy_dir=plan.strategy_dir)  # from here on s.cfg: the config as run
     start, host = 0, {}
     if plan.resume:
@@ -48,6 +54,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     elif plan.load_weights:
         load_initial_weights(s, plan.load_weights, log)
     s.fresh_start = plan.fresh_start
+    s.loss.prepare(s, log, resumed=plan.resume)  # e.g. the preference loss's reference log-probs
+    runner = StepRunner(s)
     t = s.cfg.train
     if rt.is_main:
         write_run_dir(plan, s.cfg, rt, start, s.manifest)
@@ -55,7 +63,7 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
     log(f"run directory: {plan.run_dir}" + (f" (resuming at step {start})" if plan.resume else ""))
 
     writer = MetricsWriter(plan.run_dir, rt.rank, t.max_steps, s.cfg.monitor, echo=log)
-    saver = CheckpointSaver(plan.run_dir, plan.ckpt_rank, s.cfg.checkpoint, log)
+    saver = CheckpointSaver(plan.run_dir, plan.ckpt_rank, s.cfg.checkpoint, log, events=writer.write)
     meter = IntervalMeter(s.tokens_per_step, s.flops_per_token, s.peak_flops, rt.world_size, start, t.max_steps,
                           t_start=writer.t_start)
     meter.restore(host)
@@ -75,8 +83,8 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                 with meter.waiting():
                     batches = next_batches(s, step)
                 call(hooks, "before_step", trun, step, batches, times=meter.hook_s)
-                out = first_step(trun, meter, batches, fresh=step == 0) if meter.compile_s is None else \
-                    s.train_step(batches)
+                out = first_step(trun, runner, meter, batches, fresh=step == 0) if meter.compile_s is None else \
+                    runner.step(batches)
                 done = step + 1
                 meter.add(out, timed=done - start > 1)
                 skips.add(done, out)
@@ -89,20 +97,25 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
                     record = meter.record(done, lr, memory_gib(rt.device_target))
                     if router is not None:
                         record.update(router.read())
-                    if s.finetune is not None:  # the share of target tokens the loss counts (train/finetune.py)
-                        record.update(s.finetune.log_fields())
+                    record.update(s.loss.log_fields())  # e.g. the share of target tokens a masked loss counts
                     writer.write(record)
-                    call(hooks, "after_log", trun, record, times=meter.hook_s)
+                    with meter.paused():  # log-time work (the live diagnosis) is not step time; it times itself
+                        call(hooks, "after_log", trun, record)
                 with meter.paused():
                     if t.eval_interval and done % t.eval_interval == 0 and done != t.max_steps:
                         val_loss = run_eval(trun, done, hooks)
-                    stop = preemption_agreed(rt, preemption) or done == t.stop_at_step
+                    stop = stop_agreed(rt, preemption.requested or trun.stop_reason is not None) or \
+                        done == t.stop_at_step
                     if stop or (s.cfg.checkpoint.save_interval and done % s.cfg.checkpoint.save_interval == 0
                                 and done != t.max_steps):
                         save(trun, saver, done, meter)
                 log.progress(done, t.max_steps, step_s=meter.step_s())
                 if stop:
                     stopped = done
+                    if trun.stop_reason is not None and not preemption.requested:  # a hook's (train.stop_on)
+                        writer.write({"step": done, "event": "stop_on", "reason": trun.stop_reason}, echo=False)
+                        log(f"stopped at step {done}: {trun.stop_reason}; checkpoint saved.")
+                        break
                     writer.write({"step": done, "event": "preempted" if preemption.requested else "stop_at_step",
                                   "signal": preemption.signum or 0})
                     log(f"stopped at step {done} ({'signal' if preemption.requested else 'train.stop_at_step'}); "
@@ -145,9 +158,9 @@ def write_run_dir(plan, cfg, rt, start, manifest):
     rd.create_run_dir(plan.run_dir)
     if plan.resume:
         keep_metrics_until(plan.run_dir, start)
-    name = f"config.resume_{start}.yaml" if plan.resume else "config.yaml"
+    name = names.resume_config(start) if plan.resume else names.CONFIG
     rd.write_config(cfg, os.path.join(plan.run_dir, name), save_config)
-    info = os.path.join(plan.run_dir, "run_info.json")
+    info = os.path.join(plan.run_dir, names.RUN_INFO)
     if not os.path.isfile(info):
         dataset = {"dir": os.path.abspath(cfg.data.dataset_dir), "stats": manifest.get("stats"),
                    "overlap": manifest.get("overlap"),
@@ -155,6 +168,8 @@ def write_run_dir(plan, cfg, rt, start, manifest):
         if manifest.get("format"):  # chat/instruction data: what diagnose's fine-tuning rules read
             dataset.update(format=manifest["format"], packed=manifest.get("packed"), finetune=manifest.get("finetune"),
                            seq_length=manifest.get("seq_length"))
+        if manifest.get("preference"):  # preference pairs (diagnose's preference rules)
+            dataset.update(preference=manifest["preference"])
         rd.write_json(info, rd.run_info(rt, cfg, {"run_dir": os.path.abspath(plan.run_dir), "dataset": dataset}))
 
 
@@ -185,12 +200,12 @@ def finish(trun, summary, saver):
 
 # --- per-step helpers ------------------------------------------------------------------------------------
 
-def first_step(trun, meter, batches, fresh):
-    """The first step of this process compiles (or loads) the step's graphs: timed on its own. (A compile cache
-    entry that fails its checks is handled by the session itself: Session.first_step.) On a fresh run its loss is
-    the loss before any update (the step computes it on the initial weights), kept as initial_loss."""
+def first_step(trun, runner, meter, batches, fresh):
+    """The first step of this process compiles (or loads) the step's graphs: timed on its own (a compile cache
+    entry that fails its checks is the runner's to recover from). On a fresh run its loss is the loss before any
+    update (the step computes it on the initial weights), kept as initial_loss."""
     t0 = time.perf_counter()
-    out = trun.session.train_step(batches)
+    out = runner.step(batches)
     loss = float(out.loss.asnumpy())
     meter.first_step(time.perf_counter() - t0, loss if fresh else None)
     trun.log(f"compiled the training step in {meter.compile_s:.1f} s" + (f"; loss before any update {loss:.4f}"
@@ -206,7 +221,7 @@ def next_batches(s, step):
 
 
 def halt_if_stuck(skips, done, trun, saver, meter):
-    """Stop a run whose updates are all being skipped (ms_llm.train.skipped_steps): save, record, explain."""
+    """Stop a run whose updates are all being skipped (ms_llm.train.loop.skipped_steps): save, record, explain."""
     halt = skips.check()
     if halt:
         save(trun, saver, done, meter)
@@ -241,11 +256,11 @@ def save(trun, saver, step, meter):
                           echo=False)
 
 
-def preemption_agreed(rt, preemption):
-    """All ranks stop at the same step: a signal seen by any rank stops every rank."""
+def stop_agreed(rt, requested):
+    """All ranks stop at the same step: a stop any rank asks for (a signal, a hook's stop_reason) stops every rank."""
     if rt.world_size == 1:
-        return preemption.requested
-    return not all_ranks_ok(rt, not preemption.requested)
+        return requested
+    return not all_ranks_ok(rt, not requested)
 
 
 def run_eval(trun, step, hooks):
@@ -253,7 +268,7 @@ def run_eval(trun, step, hooks):
     if not s.val:  # no validation batches (pipeline parallelism)
         return None
     t0 = time.perf_counter()
-    record = evaluate_session(s)  # masked for fine-tuning data; with data.extra_val's loss (train/finetune.py)
+    record = evaluate_session(s)  # the run's loss in evaluation mode; with data.extra_val's loss
     val_loss = record["val_loss"]
     trun.writer.write({"step": step, **record, "duration_s": round(time.perf_counter() - t0, 4)})
     call(hooks, "after_eval", trun, step, val_loss)
@@ -269,6 +284,8 @@ def param_digest(model, n_params, limit=200_000_000):
 
     h = hashlib.sha256()
     for name, p in sorted(model.parameters_and_names(), key=lambda kv: kv[0]):
+        if name == DROPOUT_KEY:  # this rank's place in the batch, not a weight
+            continue
         h.update(name.encode())
         h.update(p.asnumpy().tobytes())
     return h.hexdigest()[:16]
@@ -279,14 +296,15 @@ def dry_run(cfg, echo=print):
 
     On an Ascend host with `MS_SIMULATION_LEVEL=1` (msrun --sim_level=1) this compiles the sharded graph of
     one rank without touching a device: the way to verify a layout before queueing a cluster job."""
+    d = cfg.data
+    if not d.blend and d.source and not has_manifest(d.dataset_dir):
+        raise UserError(f"--dry-run writes nothing, and data.dataset_dir = '{d.dataset_dir}' holds no dataset yet "
+                        f"(training would first preprocess data.source = '{d.source}' into it). Preprocess it once: "
+                        f"`ms-llm preprocess --input {d.source} --output-dir {d.dataset_dir} --seq-length "
+                        f"{cfg.model.seq_length} --tokenizer {d.tokenizer}`, then run the dry run again.")
     s = open_session(cfg, echo, purpose="dry_run")
     s.log(s.parallel.table())
-    inputs = s.step_inputs([next(s.data)])[0]
     t0 = time.perf_counter()
-    if s.cache is not None:
-        s.cache.check_binding(s.step_cells, [inputs] * len(s.step_cells), s.log)
-    else:
-        for cell in s.step_cells:
-            cell.compile(*inputs)
+    StepRunner(s).compile([next(s.data) for _ in range(s.accum)])
     s.log(f"dry run: training step compiled in {time.perf_counter() - t0:.1f} s; nothing was trained or written")
     return s

@@ -4,13 +4,13 @@ from ms_llm/debug/cli.py)."""
 import sys
 
 from ms_llm.errors import UserError
-from ms_llm.config.cli_args import add_set_argument
+from ms_llm.config.cli_args import add_config_arguments
 
 
 def cmd_sweep(args):
-    from ms_llm.tune import cluster
-    from ms_llm.tune.space import build_spec
-    from ms_llm.tune.sweep import default_sweep_dir, run_sweep
+    from ms_llm.tune.sweep import cluster
+    from ms_llm.tune.sweep.space import build_spec
+    from ms_llm.tune.sweep.run import default_sweep_dir, run_sweep
 
     if args.collect:
         if args.config or args.vary:
@@ -35,16 +35,19 @@ def cmd_lr_find(args):
 
 
 def cmd_ladder(args):
-    from ms_llm.tune.ladder import ladder
+    from ms_llm.tune.ladder.run import ladder
 
     return ladder(args.config, args.steps, args.rtol, args.ladder_dir, args.print_commands)
 
 
-def add_parsers(sub):
+def add_parsers(sub, debug):
+    """`sweep`, and `lr-find` and `ladder` in the `debug` group (`debug`: its subparsers)."""
+    add_lr_find_parser(debug)
+    add_ladder_parser(debug)
     p = sub.add_parser("sweep", help="hyperparameter sweep: one-at-a-time from the golden config (or a grid), each "
                                      "trial an ordinary run; table, sweep.json, page, best config")
-    p.add_argument("--config", help="the golden config (YAML); trials change only the --vary keys")
-    add_set_argument(p, help="override a config value for every trial (part of the golden config)")
+    add_config_arguments(p, required=False, help="the golden config (YAML); trials change only the --vary keys",
+                         set_help="override a config value for every trial (part of the golden config)")
     p.add_argument("--vary", action="append", default=[], metavar="KEY=VALUES",
                    help="a key and its values (repeatable; one-at-a-time tunes them in this order): "
                         "train.lr=1e-4,3e-4,1e-3 | train.lr=log:1e-4..1e-2:5 | train.weight_decay=lin:0..0.2:3")
@@ -80,8 +83,7 @@ def add_parsers(sub):
 def add_lr_find_parser(dsub):
     q = dsub.add_parser("lr-find", help="LR range test: LR rising exponentially from 1e-7 to 1 from the initial "
                                         "weights; steepest descent, blow-up, suggested peak LR, loss-vs-LR page")
-    q.add_argument("--config", required=True)
-    add_set_argument(q)
+    add_config_arguments(q)
     q.add_argument("--steps", type=int, default=200, help="steps of the test (default 200)")
     q.add_argument("--start-lr", type=float, default=1e-7, help="first LR (default 1e-7)")
     q.add_argument("--end-lr", type=float, default=1.0, help="last LR (default 1)")
@@ -93,7 +95,8 @@ def add_lr_find_parser(dsub):
 def add_ladder_parser(dsub):
     q = dsub.add_parser("ladder", help="plain first, then the target's optimisations one at a time: each rung an "
                                        "ordinary run, judged against the rung before (exact / within noise / PARTS)")
-    q.add_argument("--config", required=True, help="the target config: the optimised setup to check")
+    q.add_argument("--config", required=True, help="the target config: the optimised setup to check")  # no --set: the
+    # ladder's rungs are the config's own settings, one at a time
     q.add_argument("--steps", type=int, default=100, help="optimizer steps per rung (default 100), logged every step")
     q.add_argument("--rtol", type=float, default=0.0,
                    help="widen the noise tolerance to band(t) + RTOL x |loss| (default 0: the seed-to-seed band "

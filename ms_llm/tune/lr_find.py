@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from ms_llm.diagnose.common import DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, SMOOTH
+from ms_llm.rundir.divergence import DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, SMOOTH
 from ms_llm.errors import UserError
 from ms_llm.fileio import atomic_write_bytes
 
@@ -64,9 +64,12 @@ def lr_find(config, overrides, steps=200, start_lr=1e-7, end_lr=1.0, output_dir=
     output_dir = output_dir or default_output_dir(config)
     check_args(steps, start_lr, end_lr, output_dir)
     cfg = load_config(config, list(overrides) + range_test_overrides(steps))
+    from ms_llm.train.setup.dataset import prepared_runtime
     from ms_llm.train.session import open_session
+    from ms_llm.train.step_runner import StepRunner
 
-    s = open_session(cfg, echo, purpose="lr_find")
+    s = open_session(cfg, echo, purpose="lr_find", rt=prepared_runtime(cfg, echo))
+    runner = StepRunner(s)
     import mindspore as ms  # after the session: select_device quiets MindSpore's logging before its first import
     os.makedirs(output_dir, exist_ok=True)
     save_config(s.cfg, os.path.join(output_dir, "config.yaml"))
@@ -77,7 +80,7 @@ def lr_find(config, overrides, steps=200, start_lr=1e-7, end_lr=1.0, output_dir=
         for k in range(steps):
             lr = lr_at(k, steps, start_lr, end_lr)
             state.lr_scale.set_data(ms.Tensor(lr, ms.float32))
-            out = s.train_step()
+            out = runner.step()
             loss, grad_norm = float(out.loss.asnumpy()), float(out.grad_norm.asnumpy())
             points.append({"step": k + 1, "lr": lr, "loss": loss, "grad_norm": grad_norm})
             f.write(json.dumps({kk: (v if math.isfinite(v) else str(v)) for kk, v in points[-1].items()}) + "\n")

@@ -11,19 +11,20 @@ import math
 import os
 
 from ms_llm.fileio import atomic_write_bytes
-from ms_llm.tune.output import duration, num
+from ms_llm.tune.sweep.output import duration, num
 from ms_llm.tune.values import show
+from ms_llm.rundir import names
 
 
 def write_sweep_page(doc, path):
-    from ms_llm.report import page
-    from ms_llm.report.data import load_runs
-    from ms_llm.report.payload import Builder
-    from ms_llm.report.report import config_section, differences_section, events_section
+    from ms_llm.pages import html as page
+    from ms_llm.pages.runs import load_runs
+    from ms_llm.pages.payload import Builder
+    from ms_llm.pages.sections import config_section, differences_section, events_section
 
     trials = doc["trials"]
     spec = doc["spec"]
-    dirs = [t["run_dir"] for t in trials if os.path.isfile(os.path.join(t["run_dir"], "metrics.jsonl"))]
+    dirs = [t["run_dir"] for t in trials if os.path.isfile(os.path.join(t["run_dir"], names.METRICS))]
     runs = load_runs(dirs) if dirs else []
     builder = Builder(runs, "step")
     for i, key in enumerate(spec["vary"]):
@@ -105,8 +106,8 @@ def summary_html(doc, page):
 
 def write_lr_find_page(result, points, path):
     """Loss (raw and smoothed) against the learning rate, log x axis, the suggested and blow-up LRs marked."""
-    from ms_llm.report import page
-    from ms_llm.report.payload import Builder
+    from ms_llm.pages import html as page
+    from ms_llm.pages.payload import Builder
 
     builder = Builder([], "step")
     p = builder.panel("curves", "lr_find", "loss against learning rate (vertical lines: steepest descent, "
@@ -137,13 +138,13 @@ def write_lr_find_page(result, points, path):
 def write_ladder_page(doc, path):
     """The ladder's table and notes, every rung's curves overlaid (the report's panels), and the differences to
     the rung before against the seed-to-seed band (ladder_difference_panels)."""
-    from ms_llm.report import page
-    from ms_llm.report.data import load_runs
-    from ms_llm.report.payload import Builder
-    from ms_llm.report.report import config_section, differences_section
+    from ms_llm.pages import html as page
+    from ms_llm.pages.runs import load_runs
+    from ms_llm.pages.payload import Builder
+    from ms_llm.pages.sections import config_section, differences_section
 
     rungs = [r for r in doc["rungs"] if r["status"] in ("finished", "halted")
-             and os.path.isfile(os.path.join(r["run_dir"], "metrics.jsonl"))]
+             and os.path.isfile(os.path.join(r["run_dir"], names.METRICS))]
     runs = load_runs([r["run_dir"] for r in rungs]) if rungs else []
     builder = Builder(runs, "step")
     panels = [p for p in (builder.build() if runs else []) if p["section"] == "curves"]
@@ -166,12 +167,12 @@ def ladder_difference_panels(builder, doc):
     """Each rung's difference to the rung before against the seed-to-seed band: |Δloss| per step (log axis), the
     trailing mean of Δloss (the trend the band's second envelope bounds), and |Δ grad norm| (log axis)."""
     from ms_llm.rundir.reader import read_jsonl
-    from ms_llm.tune.ladder_verdict import Curves, gaps, trailing_means
+    from ms_llm.tune.ladder.verdict import Curves, gaps, trailing_means
 
     def curves(r):
         if r["status"] not in ("finished", "halted"):
             return None
-        return Curves.from_records(read_jsonl(os.path.join(r["run_dir"], "metrics.jsonl"))[0])
+        return Curves.from_records(read_jsonl(os.path.join(r["run_dir"], names.METRICS))[0])
 
     chain = [doc["rungs"][0]] + doc["rungs"][2:]
     band = doc.get("band") or {}
@@ -213,7 +214,7 @@ def ladder_difference_panels(builder, doc):
 
 
 def ladder_summary_html(doc, page):
-    from ms_llm.tune.ladder_output import summary_lines, verdict_text
+    from ms_llm.tune.ladder.output import summary_lines, verdict_text
 
     rows = []
     for r in doc["rungs"]:

@@ -1,7 +1,10 @@
 """Helpers of the fault suite: a tiny config, an in-process training run with the entry point's hooks, and the
 diagnosis of a run directory. Faults are injected through config values or by patching code in-process (the
 compile cache is off, since a cached graph of the unpatched code would hide a patch)."""
+import contextlib
 import os
+import subprocess
+import sys
 
 from conftest import ROOT, tiny_train_args
 from ms_llm.config import load_config
@@ -26,6 +29,25 @@ def train(cfg, run_dir, extra_hooks=()):
     from ms_llm.train.trainer import run
 
     return run(cfg, run_dir=str(run_dir), echo=lambda *a: None, hooks=hooks_for(cfg) + list(extra_hooks))
+
+
+def resume(cfg, run_dir, extra_hooks=()):
+    """Resume the run in `run_dir` with `cfg` (the config a resume with --set overrides runs)."""
+    from ms_llm.run_hooks import hooks_for
+    from ms_llm.train.trainer import run
+
+    return run(cfg, run_dir=str(run_dir), resume=True, echo=lambda *a: None, hooks=hooks_for(cfg) + list(extra_hooks))
+
+
+@contextlib.contextmanager
+def busy_process():
+    """Another process keeping one core busy (a shared host) for as long as the block runs."""
+    proc = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def diagnose(run_dir, **kw):

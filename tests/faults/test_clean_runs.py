@@ -1,5 +1,6 @@
 """Clean runs must raise no alarm: `ms-llm diagnose` gives no finding of severity warning or error (notes are
-allowed: host contention on a shared machine is reported as one). Six runs, each a different way a healthy run
+allowed: host contention on a shared machine is reported as one), and the live diagnosis (monitor.diagnose, on by
+default) reported nothing while they ran. Six runs, each a different way a healthy run
 looks: 220 steps with every monitor on (NaN check, tensor statistics, anomaly guard), Llama, float16, 2 ranks
 under msrun, stopped and resumed, and profiled (its slower window must not read as uneven throughput). The runs are
 the session's (conftest.clean_runs, conftest.msrun_accum2): other tests read them too.
@@ -31,6 +32,8 @@ def clean(clean_runs, request):
 def test_a_clean_run_raises_no_alarm(clean, name):
     found = diagnose(clean[name])
     assert not alarms(found), f"{name}: {finding_text(alarms(found))}"
+    live = [l for l in open(clean[name] / "metrics.jsonl") if '"event": "diagnosis"' in l]
+    assert not live, f"{name}: the live diagnosis reported {live}"  # silent while the run ran, too
     assert not (clean[name] / "nan").exists()
     if name == "gpt2_monitors":
         assert not [l for l in open(clean[name] / "stats.jsonl") if '"flag"' in l]
@@ -50,7 +53,7 @@ def test_t_a_code_change_leaves_a_run_behind_its_siblings(clean, dataset, monkey
     from ms_llm.nn import transformer
 
     def hidden_states(self, ids, segments=None):  # the bug: logits halved (the head is linear in the final state)
-        states = self.run_layers(ids, segments)[0]
+        states = self.forward_layers(ids, segments)[0]
         return states[:-1] + (states[-1] / 2.0,)
 
     monkeypatch.setattr(transformer.CausalLM, "hidden_states", hidden_states)

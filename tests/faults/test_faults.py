@@ -20,18 +20,24 @@ import pytest
 
 from conftest import ms_llm, tiny_train_args
 from faultkit import diagnose, first_cause, tiny_cfg, train
-from ms_llm.train.step import cross_entropy
+from ms_llm.train.losses.base import cross_entropy
 
 pytestmark = pytest.mark.slow  # every fault here is injected into a training run
 
 
 @pytest.fixture
 def patched_loss(monkeypatch):
-    """Replace the loss the training step differentiates (the fault), leaving evaluation correct."""
-    from ms_llm.train import step as step_module
+    """Replace the loss the training step differentiates (the fault), leaving evaluation correct: the tiny config's
+    loss is the chunked one (train.loss_chunk_tokens), evaluated in its own graph."""
+    from ms_llm.train.losses import ChunkedLoss
 
     def install(construct):
-        monkeypatch.setattr(step_module.LossFn, "construct", construct)
+        real = ChunkedLoss.construct
+
+        def construct_or_evaluate(self, grad_scale, ids):
+            return construct(self, grad_scale, ids) if self.training else real(self, grad_scale, ids)
+
+        monkeypatch.setattr(ChunkedLoss, "construct", construct_or_evaluate)
 
     return install
 
@@ -60,9 +66,9 @@ def test_b_learning_rate_too_high_is_diagnosed_as_divergence(dataset, tmp_path):
 def test_c_targets_not_shifted_fail_the_overfit_check_and_diagnose_points_to_labels(dataset, tmp_path, patched_loss):
     from ms_llm.debug.overfit import overfit
 
-    def identity(self, ids, scale):  # the bug: predicts the input token itself
+    def identity(self, grad_scale, ids):  # the bug: predicts the input token itself
         loss = cross_entropy(self.model(ids[:, :-1]), ids[:, :-1])
-        return loss * scale / self.accum, loss
+        return loss * grad_scale, loss
 
     patched_loss(identity)
     r = overfit(tiny_cfg(dataset, "--set", "train.lr=3e-3"), samples=16, steps=60, echo=lambda *a: None)
@@ -74,9 +80,9 @@ def test_c_targets_not_shifted_fail_the_overfit_check_and_diagnose_points_to_lab
 def test_c_targets_shifted_twice_fail_the_overfit_check(dataset, patched_loss):
     from ms_llm.debug.overfit import overfit
 
-    def twice(self, ids, scale):
+    def twice(self, grad_scale, ids):
         loss = cross_entropy(self.model(ids[:, :-2]), ids[:, 2:])
-        return loss * scale / self.accum, loss
+        return loss * grad_scale, loss
 
     patched_loss(twice)
     r = overfit(tiny_cfg(dataset, "--set", "train.lr=3e-3"), samples=16, steps=100, echo=lambda *a: None)
@@ -114,9 +120,9 @@ def test_d_a_layer_multiplied_by_zero_is_flagged_vanishing(dataset, tmp_path, mo
 
 
 def test_e_accumulation_without_dividing_the_loss_is_flagged(dataset, tmp_path, patched_loss):
-    def undivided(self, ids, scale):
+    def undivided(self, grad_scale, ids):
         loss = cross_entropy(self.model(ids[:, :-1]), ids[:, 1:])
-        return loss * scale, loss  # the bug: no / accumulation steps
+        return loss * grad_scale * self.accum, loss  # the bug: the accumulation's division undone
 
     patched_loss(undivided)
     train(tiny_cfg(dataset, "--set", "train.max_steps=5", "--set", "train.micro_batch_size=2",

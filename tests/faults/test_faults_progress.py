@@ -11,7 +11,7 @@ siblings.
 import pytest
 
 from faultkit import alarms, diagnose, first_cause, sets, tiny_cfg, train
-from ms_llm.train.step import cross_entropy
+from ms_llm.train.losses.base import cross_entropy
 
 pytestmark = pytest.mark.slow  # every fault here is injected into a training run
 
@@ -31,13 +31,17 @@ def test_i_learning_rate_too_low_is_named_not_clipping(dataset, tmp_path):
 
 
 def test_k_targets_of_another_sample_stall_at_the_unigram_entropy(dataset, tmp_path, monkeypatch):
-    from ms_llm.train import step as step_module
+    from ms_llm.train.losses import ChunkedLoss
 
-    def misaligned(self, ids, scale):  # the bug: each sample is scored against the next sample's tokens
+    real = ChunkedLoss.construct
+
+    def misaligned(self, grad_scale, ids):  # the bug: each sample is scored against the next sample's tokens
+        if not self.training:
+            return real(self, grad_scale, ids)
         loss = cross_entropy(self.model(ids[:-1, :-1]), ids[1:, 1:])
-        return loss * scale / self.accum, loss
+        return loss * grad_scale, loss
 
-    monkeypatch.setattr(step_module.LossFn, "construct", misaligned)
+    monkeypatch.setattr(ChunkedLoss, "construct", misaligned)
     train(tiny_cfg(dataset, *sets("train.max_steps=200", "train.eval_interval=100")), tmp_path / "run")
     found = diagnose(tmp_path / "run")
     f = first_cause(found, "loss_plateau", "ignore the context", confidence="high")

@@ -87,7 +87,7 @@ def test_m_optimizer_state_in_float16_is_a_dtype_mismatch(dataset, tmp_path, mon
 def test_r_a_leaking_hook_shows_as_growing_memory(dataset, tmp_path):
     import numpy as np
 
-    from ms_llm.train.hooks import Hook
+    from ms_llm.train.loop.hooks import Hook
 
     class Leak(Hook):  # the bug: a hook that keeps something of every step
         def __init__(self):

@@ -12,6 +12,7 @@ HOT_C = 85.0            # sustained device temperature at or above this (Ascend/
 HOT_SHARE, HOT_MIN = 0.5, 3  # ... in half of the samples (at least 3)
 THROTTLE_DELTA_C = 5.0  # slow records this much hotter than the others: throttling coincides with slow steps
 LOAD_EXCESS = 1.5       # 1-minute load average above 1.5 x the host's cores: other processes compete for the CPU
+OTHER_CORES = 0.5       # ... or other processes busy on half a core or more (host busy time less this process's)
 SPEEDUP_MIN = 0.7       # tokens/s per device below 70% of a single-rank sibling's: poor multi-card scaling
 LOG_BYTES = 4 << 20     # the last 4 MiB of each log file are searched
 
@@ -48,15 +49,41 @@ def samples_during(samples, start, end, slack=30.0):
     return [s for s in samples if start - slack <= s["time"] <= end + slack]
 
 
+def other_cores(sample, cores=None):
+    """Cores other processes kept busy at a telemetry sample: the host's busy share (cpu_util_pct, of all cores)
+    less this process's own (proc_cpu_pct, of one core); None for samples without both."""
+    host, own = sample.get("cpu_util_pct"), sample.get("proc_cpu_pct")
+    n = sample.get("cpu_count") or cores
+    if not all(isinstance(x, (int, float)) for x in (host, own, n)):
+        return None
+    return max(0.0, host / 100 * n - own / 100)
+
+
+def cpu_samples(run):
+    """Telemetry samples with host figures; the first is left out when there are others (psutil measures from
+    the previous call, and the sampler's first call comes right after its reference point)."""
+    samples = [s for s in telemetry(run) if isinstance(s.get("load1"), (int, float)) or "cpu_util_pct" in s]
+    return samples[1:] if len(samples) > 1 else samples
+
+
+def loaded(sample, cores):
+    """(other processes' cores or None, load average or None, whether they compete for the CPU)."""
+    other, load = other_cores(sample, cores), sample.get("load1")
+    busy = (other is not None and other >= OTHER_CORES) or (isinstance(load, (int, float)) and
+                                                            load > LOAD_EXCESS * cores)
+    return other, load, busy
+
+
 def host_contention(run, steps):
-    """(loaded steps, max load, cores) when telemetry shows a host load above LOAD_EXCESS x cores around the given
-    record steps, else None."""
-    samples = [s for s in telemetry(run) if isinstance(s.get("load1"), (int, float))]
+    """(loaded steps, max load, cores, max cores other processes took) when telemetry shows other processes taking
+    CPU (OTHER_CORES and more, or a load average above LOAD_EXCESS x cores) around the given record steps, else
+    None."""
+    samples = cpu_samples(run)
     cores = host_cores(run)
     if not samples or not cores:
         return None
     windows = {s: (a, b) for s, a, b in record_windows(run)}
-    loaded, top = [], 0.0
+    hit, top, top_other = [], 0.0, 0.0
     for step in steps:
         if step not in windows:
             continue
@@ -64,11 +91,36 @@ def host_contention(run, steps):
         if not near:  # a short run has a sample at its start and end only: the nearest one stands for it
             t = windows[step][1]
             near = [min(samples, key=lambda s: abs(s["time"] - t))]
-        load = max(s["load1"] for s in near)
-        top = max(top, load)
-        if load > LOAD_EXCESS * cores:
-            loaded.append(step)
-    return (loaded, top, cores) if loaded else None
+        judged = [loaded(s, cores) for s in near]
+        top = max([top] + [ld for _, ld, _ in judged if isinstance(ld, (int, float))])
+        top_other = max([top_other] + [o for o, _, _ in judged if o is not None])
+        if any(busy for *_, busy in judged):
+            hit.append(step)
+    return (hit, top, cores, top_other) if hit else None
+
+
+def run_contention(run):
+    """(median cores other processes took, the most they took, cores, share of samples contended) over the whole
+    run when other processes took CPU for at least half of it, else None."""
+    samples, cores = cpu_samples(run), host_cores(run)
+    if not samples or not cores:
+        return None
+    judged = [loaded(s, cores) for s in samples]
+    busy = sum(b for *_, b in judged) / len(judged)
+    others = [o for o, _, _ in judged if o is not None]
+    if busy < 0.5:
+        return None
+    return (statistics.median(others) if others else None, max(others) if others else None, cores, busy)
+
+
+def run_contention_text(c):
+    med, top, cores, share = c
+    if med is None:
+        return (f"telemetry: the host's load average stayed above {LOAD_EXCESS:g} x its {cores} cores in "
+                f"{100 * share:.0f}% of the samples: other processes competed for the CPU through the run")
+    return (f"telemetry: other processes kept {med:.1f} of the host's {cores} cores busy (median over the samples, "
+            f"up to {top:.1f}; host busy time less this process's own), contended in {100 * share:.0f}% of the "
+            f"samples")
 
 
 def rule_temperature(run, found, _):
@@ -283,7 +335,8 @@ def single_rank_sibling(run):
 
 
 def contention_text(c):
-    loaded, top, cores = c
-    return (f"telemetry: host load average up to {top:.1f} on {cores} cores (> {LOAD_EXCESS:g} x cores) around "
-            f"steps {', '.join(map(str, loaded[:8]))}: other processes compete for the CPU")
+    hit, top, cores, other = c
+    what = (f"other processes kept up to {other:.1f} of {cores} cores busy" if other >= OTHER_CORES else
+            f"host load average up to {top:.1f} on {cores} cores (> {LOAD_EXCESS:g} x cores)")
+    return f"telemetry: {what} around steps {', '.join(map(str, hit[:8]))}: other processes compete for the CPU"
 

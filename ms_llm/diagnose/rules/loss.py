@@ -3,12 +3,15 @@ labels, spikes). Progress against references is in progress.py."""
 import math
 import statistics
 
-from ms_llm.diagnose.common import (DIVERGE_ABS, DIVERGE_REL, DIVERGE_SUSTAIN, EXPLODE_FACTOR, Finding,
-    MIN_RECORDS, OVERFLOW_SHARE, SMOOTH, SPIKE_MIN_WINDOW, SPIKE_REL, SPIKE_WINDOW, SPIKE_Z, STUCK_TRAIN_DROP,
-    STUCK_VAL, UNIFORM_MARGIN, VAL_GAP_ABS, VAL_GAP_REL, ZERO_LOSS, cause, curve, early_median, first_nonfinite_step,
-    g, lr_actions, nonfinite, points, quoted, steps_text)
+from ms_llm.diagnose.common import (Finding, MIN_RECORDS, OVERFLOW_SHARE, SPIKE_MIN_WINDOW, SPIKE_REL, SPIKE_WINDOW,
+    SPIKE_Z, STUCK_TRAIN_DROP, STUCK_VAL, VAL_GAP_ABS, VAL_GAP_REL, ZERO_LOSS, cause, curve, g, lr_actions, nonfinite,
+    points, quoted, steps_text)
 from ms_llm.diagnose.rules.schedule import UNSTABLE, causes_for
-from ms_llm.diagnose.start import judge_start
+from ms_llm.diagnose import recipes
+from ms_llm.diagnose.rules.settings import lr_judgement
+from ms_llm.rundir.divergence import (EXPLODE_FACTOR, SMOOTH, early_median, examine, line_above, nonfinite_symptom,
+                                      nonfinite_val_symptom, smoothed, symptom)
+from ms_llm.rundir.start import judge_start
 
 # --- NaN / Inf --------------------------------------------------------------------------------------
 
@@ -55,15 +58,14 @@ def rule_nonfinite(run, found, _):
         actions.append("--set precision.compute_dtype=bfloat16 (float32's range at float16's cost)")
     actions += lr_actions(run)[:1] + (["--set train.clip_grad=1.0"] if not run.cfg("train.clip_grad") else [])
     actions.append(f"restart from the last checkpoint before step {s} (checkpoint.save_interval keeps them)")
-    return [Finding("loss_nonfinite", "error", f"loss became NaN/Inf at step {s}", ev, causes, actions, [s])]
+    return [Finding("loss_nonfinite", "error", nonfinite_symptom(s), ev, causes, actions, [s])]
 
 
 def rule_nonfinite_val(run):
     bad = [r["step"] for r in run.evals if nonfinite(r.get("val_loss"))]
     if not bad:
         return None
-    return [Finding("loss_nonfinite", "error", f"validation loss NaN/Inf at step {bad[0]} while the training loss "
-                    f"is finite", [f"val_loss non-finite at steps {steps_text(bad)}"],
+    return [Finding("loss_nonfinite", "error", nonfinite_val_symptom(bad[0]), [f"val_loss non-finite at steps {steps_text(bad)}"],
                     [cause("evaluation overflows in float16 (no loss scale protects the forward pass)",
                            "medium" if run.cfg("precision.compute_dtype") == "float16" else "low"),
                      cause("an empty or padded-only validation batch (division by zero tokens)", "low"),
@@ -75,7 +77,7 @@ def rule_nonfinite_val(run):
 # --- the start -------------------------------------------------------------------------------------
 
 def initial_start(run):
-    """The judged loss before any update (ms_llm.diagnose.start), from the first log record's initial_loss; None
+    """The judged loss before any update (ms_llm.rundir.start), from the first log record's initial_loss; None
     for runs that did not record it (before it was recorded, or resumed past it)."""
     first = run.train[0] if run.train else {}
     return judge_start(first.get("initial_loss"), run.cfg("model.vocab_size"),
@@ -136,45 +138,21 @@ def rule_start(run, found, _):
 
 
 def config_of(run):
-    from ms_llm.fileio import run_config_path
+    from ms_llm.rundir.names import run_config_path
 
     return run_config_path(run.path)
 
 
 # --- divergence -------------------------------------------------------------------------------------
 
-def smoothed(pts):
-    """Trailing median of SMOOTH records: the minimum of a noisy curve is itself noise, a median's is not."""
-    return [(s, statistics.median(v for _, v in pts[max(0, i - SMOOTH + 1):i + 1])) for i, (s, _) in enumerate(pts)]
-
-
 def rule_divergence(run, found, _):
-    raw = curve(run)
-    pts = smoothed(raw)
-    onset = best = None
-    for i in range(1, len(pts) - DIVERGE_SUSTAIN + 1):
-        best = pts[i - 1] if best is None or pts[i - 1][1] < best[1] else best  # running minimum
-        line = best[1] + max(DIVERGE_ABS, DIVERGE_REL * best[1])
-        if all(v > line for _, v in pts[i:i + DIVERGE_SUSTAIN]):
-            # the median lags the rise: report the first raw record above the line
-            onset = next((st for st, v in raw if st > best[0] and v > line), pts[i][0])
-            break
-    stop = first_nonfinite_step(run)
-    gn = [(s, v) for s, v in points(run.train, "grad_norm") if stop is None or s < stop]
-    vals = [v for _, v in gn]
-    blowup = len(gn) >= 6 and statistics.median(vals[-3:]) > EXPLODE_FACTOR * early_median(vals)
-    # A model initialised as GPT-2 is (init_std 0.02) predicts about uniformly: its loss starts at ln(vocab).
-    # An interval mean well above that means the updates made it worse than uniform: overshooting.
-    vocab = run.cfg("model.vocab_size")
-    uniform = math.log(vocab) if vocab else None
-    start = initial_start(run)
-    # a loss that started above the uniform level (a bad start, rule_start) is above it from the start, not
-    # because of the updates: only a climb above where it started says the updates overshoot
-    line = max(UNIFORM_MARGIN * uniform, start.loss) if uniform and start and start.verdict == "above" else \
-        UNIFORM_MARGIN * uniform if uniform else None
-    above = [(st, v) for st, v in raw if line and v > line]
-    if onset is None and not blowup and not above:
+    d = examine(run)  # the criterion (rundir/divergence.py): sweep and lr-find stop on the same verdict
+    if not d.diverged:
         return None
+    above, uniform, start, gn, blowup = d.above, d.uniform, d.start, d.grad_norms, d.blowup
+    onset, best = d.onset if d.onset else (None, None)
+    pts = smoothed(d.raw)
+    vals = [v for _, v in gn]
     ev = []
     if above:
         ev.append(f"loss {g(above[0][1])} at step {above[0][0]} is above ln(vocab) = {g(uniform)}, the loss of a "
@@ -183,7 +161,7 @@ def rule_divergence(run, found, _):
     if onset is not None:
         peak = max((p for p in pts if p[0] >= onset), key=lambda p: p[1])
         ev.append(f"loss (median of {SMOOTH} records) fell to {g(best[1])} at step {best[0]}, then stayed above "
-                  f"{g(best[1] + max(DIVERGE_ABS, DIVERGE_REL * best[1]))} from step {onset} on, up to {g(peak[1])} "
+                  f"{g(line_above(best[1]))} from step {onset} on, up to {g(peak[1])} "
                   f"at step {peak[0]}")
     if vals:
         top = max(gn, key=lambda p: p[1])
@@ -191,6 +169,10 @@ def rule_divergence(run, found, _):
                   f"({top[1] / early_median(vals):.1f}x)")
     ev.append(f"train.lr = {g(run.cfg('train.lr'))}, train.warmup_steps = {run.cfg('train.warmup_steps')}, "
               f"train.clip_grad = {run.cfg('train.clip_grad')}")
+    judged = lr_judgement(run)
+    if judged:
+        ev.append(f"{judged[2]} [reference: {judged[3]}]")
+    far = f": {judged[1]:,.0f}x the largest peak LR recipes use at this size" if judged and judged[0] == "high" else ""
     clip = run.cfg("train.clip_grad", 0)
     loose = not clip or clip > 1
     sched, sched_actions, settings = causes_for(run, UNSTABLE)
@@ -198,8 +180,8 @@ def rule_divergence(run, found, _):
     strong = [c for c in sched if c.endswith("[confidence: high]")]
     warm = run.cfg("train.warmup_steps", 0)
     causes = strong + [cause(f"learning rate (LR) too high for this model and batch (train.lr = "
-                             f"{g(run.cfg('train.lr'))})", "medium" if strong else "high" if above or blowup
-                             else "medium"),
+                             f"{g(run.cfg('train.lr'))}{far})", "medium" if strong and not far else "high"
+                             if above or blowup or far else "medium"),
                        cause(f"LR warmup too short (train.warmup_steps = {warm})",
                              "medium" if warm < 0.01 * (run.max_steps or 0) or warm < 50 else "low")]
     causes += [c for c in sched if c not in strong]
@@ -208,17 +190,13 @@ def rule_divergence(run, found, _):
     causes += [cause("float16 range: growing activations overflow", "low")] \
         if run.cfg("precision.compute_dtype") == "float16" else []
     causes.append(cause("a run of bad batches around the onset (duplicated or corrupt documents)", "low"))
-    actions = sched_actions + lr_actions(run) + (["--set train.clip_grad=1.0"] if loose else []) + [
+    recipe = ([f"--set train.lr={recipes.fmt(run.cfg('train.lr') / judged[1])} (the largest peak LR recipes use "
+               f"at this size)"] if far else [])
+    actions = sched_actions + recipe + lr_actions(run) + (["--set train.clip_grad=1.0"] if loose else []) + [
         "--set train.beta2=0.95 (faster-adapting second moment, the usual LLM setting)",
         "--set monitor.tensor_stats.every=50 (which layers' gradients grow)"]
-    if onset is not None:
-        return [Finding("divergence", "error", f"training diverges from step {onset}", ev, causes, actions, [onset])]
-    if above:
-        return [Finding("divergence", "error", f"loss rose above the uniform-prediction loss at step {above[0][0]} "
-                        f"(overshooting updates)", ev, causes, actions, [above[0][0]])]
-    top = max(gn, key=lambda p: p[1])
-    return [Finding("divergence", "error", f"gradient norm exploding: {top[1] / early_median(vals):.0f}x its early "
-                    f"value by step {top[0]}", ev, causes, actions, [top[0]])]
+    step, text = symptom(d)
+    return [Finding("divergence", "error", text, ev, causes, actions, [step])]
 
 
 # --- loss not falling: progress.py --------------------------------------------------------------------
@@ -319,6 +297,8 @@ def rule_spikes(run, found, _):
             spikes.append((s, v, prev, z))
     if not spikes:
         return None
+    if len(spikes) == 1 and recovered(pts, spikes[0]):
+        return [one_spike(run, pts, spikes[0])]
     ev = [f"step {s}: loss {g(v)}, up from {g(m)} at the record before (+{100 * (v - m) / m:.0f}%; z = {z:.1f} "
           f"against up to {SPIKE_WINDOW} previous changes)" for s, v, m, z in spikes[:10]]
     sched, sched_actions, settings = causes_for(run, UNSTABLE)
@@ -339,3 +319,24 @@ def rule_spikes(run, found, _):
                "--set train.clip_grad=1.0" if not run.cfg("train.clip_grad") else "--set monitor.tensor_stats.every=50"]
     return [Finding("loss_spikes", "warning", f"{len(spikes)} loss spike(s) at steps "
                     f"{steps_text([s for s, *_ in spikes])}", ev, causes, actions, [s for s, *_ in spikes])]
+
+
+def recovered(pts, spike):
+    """The record after the spike is back near the level before it (within half the spike's threshold)."""
+    s, v, prev, _ = spike
+    after = [x for st, x in pts if st > s][:1]
+    return bool(after) and after[0] < (1 + SPIKE_REL / 2) * prev
+
+
+def one_spike(run, pts, spike):
+    """A single loss spike the run recovered from at once: a note (one record is not an instability)."""
+    s, v, prev, z = spike
+    after = next((st, x) for st, x in pts if st > s)
+    return Finding("loss_spikes", "info", f"note: one loss spike at step {s}, recovered by the next record",
+                   [f"step {s}: loss {g(v)}, up from {g(prev)} at the record before (+{100 * (v - prev) / prev:.0f}%; "
+                    f"z = {z:.1f}); {g(after[1])} at step {after[0]}: back at the level before it",
+                    "one record the run recovers from is not an instability: two or more spikes, or a level that "
+                    "stays up, would be"],
+                   [cause("one unusual batch (a repetitive or very long document) or one large update", "medium")],
+                   [f"if it repeats: inspect the batches of step {s} (data position = step x global_batch_size "
+                    f"samples); --set train.log_interval=1 shows single steps"], [s])

@@ -1,5 +1,5 @@
 """Router health of a mixture-of-experts run (`ms-llm diagnose`), from the per-layer fields the trainer logs each
-interval (ms_llm.train.router_stats: moe/<layer>/share, lb_loss, dropped_frac; aux_loss):
+interval (ms_llm.train.loop.router_stats: moe/<layer>/share, lb_loss, dropped_frac; aux_loss):
 
 - router collapse: one expert's share of the tokens far above the fair 1/E for a sustained window, and not
   falling (`moe_router_collapse`);

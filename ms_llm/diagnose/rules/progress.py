@@ -20,6 +20,7 @@ from ms_llm.diagnose.common import (FLAT_MIN_STEPS, FLAT_REL_DROP, MIN_RECORDS, 
                                           curve, g, points, quoted)
 from ms_llm.diagnose.references import late_window, loss_at, siblings, trend, uniform_loss, unigram_entropy
 from ms_llm.diagnose.rules.schedule import SLOW, causes_for
+from ms_llm.diagnose.rules.settings import lr_judgement
 
 SLOW_MIN_STEPS = 200     # a loss still above the unigram entropy this late (and past 2x warmup) is slow
 UNIGRAM_BAND = 0.04      # flat within 4% of the unigram entropy: the context-free level
@@ -88,6 +89,9 @@ def lr_evidence(run, tr, ev):
     if reached:
         (ps, pv), (ls, lv) = reached
         ev.append(f"{lr_text(run)}; logged LR: largest {g(pv)} (step {ps}), last {g(lv)} (step {ls})")
+    judged = lr_judgement(run)
+    if judged:
+        ev.append(f"{judged[2]} [reference: {judged[3]}]")
     noisy = tr.level > 0 and tr.noise / tr.level > NOISY_REL
     growth = grad_growth(run)
     if growth is not None:
@@ -116,7 +120,8 @@ def slow_finding(run, pts, late, tr, h1, uniform, ev):
     if step_share is not None:
         ev.append(f"an Adam step moves a weight by about the LR: {g(run.cfg('train.lr'))} is {step_share:.2g} of the "
                   f"init scale model.init_std = {g(run.cfg('model.init_std'))}")
-    if ur and ur[0] < UPDATE_RATIO_LOW:
+    judged = lr_judgement(run)
+    if (ur and ur[0] < UPDATE_RATIO_LOW) or (judged and judged[0] == "low" and not strong_sched):
         conf = "high"
     elif strong_sched:
         conf = "low"

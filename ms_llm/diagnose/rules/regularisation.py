@@ -10,6 +10,7 @@ ratio stays 0), and the learning rate. The experiment that separates them is one
 import math
 import statistics
 
+from ms_llm.diagnose import recipes
 from ms_llm.diagnose.causes import UPDATE_RATIO_LOW, update_ratio
 from ms_llm.diagnose.common import MIN_RECORDS, Finding, cause, curve, finite, g, points, quoted
 from ms_llm.diagnose.references import late_window, split_entropy, trend, unigram_entropy
@@ -78,8 +79,9 @@ def finding(run, evals, best, tr, h_val, h_train, late_train):
     # --- dropout
     if dropout > 0:
         strong = dropout >= DROPOUT_HIGH or (dropout >= DROPOUT_SOME and gap > DROPOUT_NOISE)
+        lo, hi = recipes.span("dropout")
         causes.append((cause(f"dropout too high: model.dropout = {g(dropout)} drops {100 * dropout:.0f}% of the "
-                             f"activations in training (the usual is 0-0.1 for a model this size)",
+                             f"activations in training (published recipes use {g(lo)}-{g(hi)}: recipes.py)",
                              "high" if strong else "medium" if dropout >= DROPOUT_SOME else "low"), "dropout"))
     # --- weight decay: how far the decay alone would have shrunk a weight by now (exp(-wd x sum of the LRs))
     lr_sum = lr_integral(run)
@@ -139,7 +141,7 @@ def finding(run, evals, best, tr, h_val, h_train, late_train):
 def experiment(run, steps, suspects, dropout, wd):
     """The fix for the first suspect, then the run that tells the suspects apart: the same config without
     regularisation for as many steps as validation took to flatten."""
-    from ms_llm.fileio import run_config_path
+    from ms_llm.rundir.names import run_config_path
 
     cfg = quoted(run_config_path(run.path))
     base = run.path.rstrip("/\\")

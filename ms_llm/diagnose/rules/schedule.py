@@ -1,43 +1,40 @@
 """Schedule and optimizer settings read from the config the run used (`ms-llm diagnose`): a warmup longer than
 the run, a decay that ends long before or after max_steps, min_lr above lr, a weight decay that shrinks the
-weights faster than they learn, beta2 or eps far from common practice, a global batch so small that gradient
-noise dominates.
+weights faster than they learn, beta2 or eps outside the published recipes, a global batch so small that gradient
+noise dominates; with settings.py's suspects (the recipes' other settings and what the data supports), every
+setting diagnose judges.
 
-Each setting is a *suspect* with the effect it would have on the curve: "slow" (smaller updates than the LR
-says), "unstable" (larger or noisier updates). A suspect is reported as a finding only when the curve shows that
-effect (a progress finding for "slow"; divergence, NaN or spikes for "unstable"), and is then also
-the first cause of that finding; otherwise it is a note.
+Each setting is a *suspect* (suspect.py) with the effect it would have: "slow" (smaller updates than the LR says),
+"unstable" (larger or noisier updates), and settings.py's "gap", "start" and "cost". A suspect is reported as a
+finding only when the run shows that effect (a progress finding for "slow"; divergence, NaN or spikes for
+"unstable"; or the suspect's own evidence), and is then also the first cause of that finding; otherwise it is a
+note. Each cites its reference (ms_llm/diagnose/recipes.py, the dataset's manifest).
 """
 import math
-from dataclasses import dataclass
 
+from ms_llm.diagnose import recipes
 from ms_llm.diagnose.causes import grad_rms, lr_reached
-from ms_llm.diagnose.common import Finding, cause, g
+from ms_llm.diagnose.common import Finding, _memo, cause, g
+from ms_llm.diagnose.rules import settings
+from ms_llm.diagnose.rules.suspect import SLOW, UNSTABLE, Suspect, shown
 
-WARMUP_SHARE = 0.5          # warmup over half the run (common practice: 1-3% of the steps, docs/tuning.md)
+WARMUP_SHARE = 0.5          # warmup over half the run (the recipes: 0.13-3% of the steps, recipes.py)
 DECAY_EARLY, DECAY_LATE = 0.5, 1.5   # decay ending before 50% or after 150% of max_steps
 MIN_LR_LOW = 0.2            # a decay that ends early matters when min_lr is below 20% of lr
-WD_MAX, WD_STEP_SHARE = 1.0, 0.1  # weight decay above 1 (outside practice); strong when wd x init_std >= 0.1
+WD_MAX, WD_STEP_SHARE = 1.0, 0.1  # weight decay above 1 (10x every recipe's 0.1); strong when wd x init_std >= 0.1
 BETA2_RANGE = (0.9, 0.9999)
 EPS_MAX, EPS_RMS_SHARE = 1e-5, 0.1  # eps above 1e-5 and above 10% of the RMS gradient shrinks Adam's steps
 MIN_BATCH_TOKENS = 128      # tokens per optimizer step below this: gradient noise dominates
-
-SLOW, UNSTABLE = "slow", "unstable"
-SLOW_FINDINGS = ("slow_progress", "loss_not_falling", "loss_plateau", "underfitting")
-UNSTABLE_FINDINGS = ("divergence", "loss_nonfinite", "loss_spikes")
-
-
-@dataclass
-class Suspect:
-    id: str
-    effect: str      # SLOW or UNSTABLE
-    setting: str     # what the config says, with the numbers
-    cause: str       # the cause sentence used in a symptom finding
-    action: str
-    strong: bool     # the numbers make the effect large (high confidence when the curve shows it)
+LR_KEYS = ("lr",)           # suspects the symptom rules name themselves (they cite the recipes: settings.py)
 
 
 def suspects(run):
+    """Every suspect of the run: the schedule's and optimizer's (here) and the recipes' and the data's
+    (settings.py), computed once per diagnosis."""
+    return _memo(run.train, "suspects", lambda: _suspects(run))
+
+
+def _suspects(run):
     tc = run.section("train")  # the run's values, the schema's defaults where its config lacks one
     lr, min_lr, warm, n = tc.lr, tc.min_lr, tc.warmup_steps, tc.max_steps
     decay, kind = tc.decay_steps, tc.lr_schedule
@@ -49,100 +46,143 @@ def suspects(run):
                if peak and lr else "")
         out.append(Suspect("warmup", SLOW, f"train.warmup_steps = {warm} "
                            + (f"is longer than the run (train.max_steps = {n})" if warm >= n else
-                              f"is {100 * warm / n:.0f}% of the run (train.max_steps = {n}); the usual is 1-3%") + got,
+                              f"is {100 * warm / n:.0f}% of the run (train.max_steps = {n}); the recipes warm up "
+                              f"for 0.13-3% of their steps") + got,
                            f"warmup longer than the run: the LR never reached its peak (train.warmup_steps = {warm}, "
                            f"train.max_steps = {n})" if warm >= n else
                            f"warmup takes {100 * warm / n:.0f}% of the run (train.warmup_steps = {warm})",
                            f"--set train.warmup_steps={max(1, round(0.02 * n))} (2% of the run)",
-                           strong=warm >= n or (peak is not None and peak[1] < 0.5 * lr)))
+                           strong=warm >= n or (peak is not None and peak[1] < 0.5 * lr), key="train.warmup_steps",
+                           reference=recipes.cite("warmup_share", scale=lambda v: f"{100 * v:.2g}%")))
     if n and kind != "constant" and decay and decay < DECAY_EARLY * n and min_lr < MIN_LR_LOW * lr:
         out.append(Suspect("decay_early", SLOW, f"train.decay_steps = {decay}: the LR reached train.min_lr = "
                            f"{g(min_lr)} at step {decay} and stayed there for the last {100 * (n - decay) / n:.0f}% "
                            f"of the run (train.max_steps = {n})",
                            f"the LR decay ended at step {decay} of {n}: the run trained at train.min_lr = "
                            f"{g(min_lr)} since", "--set train.decay_steps=null (decay until train.max_steps)",
-                           strong=n - decay > 0.5 * n))
+                           strong=n - decay > 0.5 * n, key="train.decay_steps",
+                           reference=recipes.cite("min_lr_share", scale=lambda v: f"{100 * v:.2g}% of the peak") +
+                           " at the end of the run"))
     if n and kind != "constant" and decay and decay > DECAY_LATE * n:
-        from ms_llm.train.lr_schedule import lr_at
+        from ms_llm.train.lr_schedule import lr_at  # (an arrow into train the lead is removing)
 
         end = lr_at(n - 1, tc)
         out.append(Suspect("decay_late", UNSTABLE, f"train.decay_steps = {decay} is {decay / n:.1f}x "
                            f"train.max_steps = {n}: the run ends with the LR at {g(end)} ({100 * end / lr:.0f}% of "
                            f"its peak), before the decay anneals it", f"the LR decay ends long after the run (step "
                            f"{decay} of {n}): the LR stays high to the end", "--set train.decay_steps=null",
-                           strong=end > 0.5 * lr))
+                           strong=end > 0.5 * lr, key="train.decay_steps", reference=recipes.CHINCHILLA))
     if min_lr > lr:
         out.append(Suspect("min_lr", UNSTABLE, f"train.min_lr = {g(min_lr)} is above train.lr = {g(lr)}: the "
                            f"'decay' raises the LR", f"train.min_lr = {g(min_lr)} above train.lr = {g(lr)}: the "
-                           f"schedule raises the LR over the run", f"--set train.min_lr={g(lr / 10)}", strong=True))
+                           f"schedule raises the LR over the run", f"--set train.min_lr={g(lr / 10)}", strong=True,
+                           key="train.min_lr", reference=recipes.cite("min_lr_share", scale=lambda v: f"{g(v)}x")))
     wd, std = tc.weight_decay, run.section("model").init_std
     if wd > WD_MAX:
         # AdamW moves a weight by about lr per step; decay takes lr x wd x |w| from it. At wd x |w| near 1 the decay
         # cancels what the gradients add (|w| ~ init_std early in training).
         ratio = wd * std
-        out.append(Suspect("weight_decay", SLOW, f"train.weight_decay = {g(wd)} (the usual is 0-0.1): each step "
+        out.append(Suspect("weight_decay", SLOW, f"train.weight_decay = {g(wd)} (every recipe: 0.1 or less): each step "
                            f"takes lr x wd = {g(lr * wd)} of every weight (half-life "
                            f"{math.log(2) / max(lr * wd, 1e-12):,.0f} steps at the peak LR); for a weight of the "
                            f"init size {g(std)} that is {ratio:.2g} of an "
                            f"Adam step (about lr)", f"weight decay pulls the weights to zero about as fast as the "
                            f"gradients move them (train.weight_decay = {g(wd)}: wd x init_std = {ratio:.2g})",
-                           "--set train.weight_decay=0.1", strong=ratio >= WD_STEP_SHARE))
+                           "--set train.weight_decay=0.1", strong=ratio >= WD_STEP_SHARE, key="train.weight_decay",
+                           reference=recipes.cite("weight_decay")))
     b1, b2 = tc.beta1, tc.beta2
     if b2 < BETA2_RANGE[0] or b2 <= b1:
         out.append(Suspect("beta2", UNSTABLE, f"train.beta2 = {g(b2)} (beta1 = {g(b1)}): Adam's second moment "
                            f"averages only ~{1 / max(1 - b2, 1e-9):.0f} steps, so the step size jumps with each "
-                           f"gradient; the usual is 0.95-0.999", f"Adam's beta2 = {g(b2)} is too small: noisy step "
-                           f"sizes", "--set train.beta2=0.95", strong=b2 < 0.8 or b2 <= b1))
+                           f"gradient; the recipes use 0.95-0.99", f"Adam's beta2 = {g(b2)} is too small: noisy step "
+                           f"sizes", "--set train.beta2=0.95", strong=b2 < 0.8 or b2 <= b1, key="train.beta2",
+                           reference=recipes.cite("beta2")))
     elif b2 > BETA2_RANGE[1]:
         out.append(Suspect("beta2", UNSTABLE, f"train.beta2 = {g(b2)}: Adam's second moment averages "
                            f"~{1 / (1 - b2):,.0f} steps, so it lags behind growing gradients (steps too large when "
-                           f"they grow); the usual is 0.95-0.999", f"Adam's beta2 = {g(b2)} adapts too slowly",
-                           "--set train.beta2=0.95", strong=b2 > 0.99999))
+                           f"they grow); the recipes use 0.95-0.99", f"Adam's beta2 = {g(b2)} adapts too slowly",
+                           "--set train.beta2=0.95", strong=b2 > 0.99999, key="train.beta2",
+                           reference=recipes.cite("beta2")))
     eps, rms = tc.eps, grad_rms(run)
     if eps > EPS_MAX and (rms is None or eps > EPS_RMS_SHARE * rms):
         factor = rms / (rms + eps) if rms else None
-        out.append(Suspect("eps", SLOW, f"train.eps = {g(eps)} (the usual is 1e-8)"
+        out.append(Suspect("eps", SLOW, f"train.eps = {g(eps)} (the recipes use 1e-8 to 1e-5)"
                            + (f"; the RMS gradient per parameter is about {rms:.2g} (median grad norm / "
                               f"sqrt(parameters)), so Adam's steps are about {factor:.2g}x their size"
                               if factor else ""),
                            f"Adam's eps = {g(eps)} dominates sqrt(v): the updates shrink"
                            + (f" to about {factor:.2g}x" if factor else ""), "--set train.eps=1e-8",
-                           strong=factor is not None and factor < 0.5))
+                           strong=factor is not None and factor < 0.5, key="train.eps", reference=recipes.cite("eps")))
     tokens = (run.cfg("train.global_batch_size") or 0) * (run.cfg("model.seq_length") or 0)
     if 0 < tokens < MIN_BATCH_TOKENS:
         out.append(Suspect("batch", UNSTABLE, f"global batch {run.cfg('train.global_batch_size')} x seq_length "
                            f"{run.cfg('model.seq_length')} = {tokens} tokens per step: gradient noise dominates "
                            f"each update", f"a global batch of {tokens} tokens per step: gradient noise dominates",
                            f"--set train.global_batch_size={4 * run.cfg('train.global_batch_size')} (and the LR "
-                           f"by up to 2x)", strong=tokens < MIN_BATCH_TOKENS // 2))
-    return out
+                           f"by up to 2x)", strong=tokens < MIN_BATCH_TOKENS // 2, key="train.global_batch_size",
+                           reference=recipes.cite("batch_tokens")))
+    for s in out:  # a slowing setting also shows where no progress rule fires: validation at the context-free level
+        if s.effect == SLOW and s.shown_by is None:
+            s.shown_by = settings.context_free
+    return out + settings.suspects(run)
 
 
-def mattered(s, found):
-    """The finding that shows this suspect's effect on the curve, or None."""
-    ids = SLOW_FINDINGS if s.effect == SLOW else UNSTABLE_FINDINGS
-    return next((found[i] for i in ids if i in found), None)
+def setting_line(s):
+    """The suspect's evidence line, with where its reference comes from."""
+    return s.setting + (f" [reference: {s.reference}]" if s.reference and s.reference not in s.setting else "")
 
 
 def causes_for(run, effect):
-    """(cause sentences with confidence, actions) of the suspects with this effect: for the symptom rules."""
-    out = [s for s in suspects(run) if s.effect == effect]
+    """(cause sentences with confidence, actions, evidence lines) of the suspects with this effect: for the symptom
+    rules. The LR is left out: those rules weigh it themselves (and cite the recipes, settings.lr_judgement)."""
+    out = [s for s in suspects(run) if effect in s.effects and s.id not in LR_KEYS]
     out.sort(key=lambda s: not s.strong)
     return ([cause(s.cause, "high" if s.strong else "medium") for s in out], [s.action for s in out],
-            [s.setting for s in out])
+            [setting_line(s) for s in out])
 
 
 def rule_schedule(run, found, _):
-    """Run after the curve rules: each suspect is a finding when the curve shows its effect, else a note."""
-    out = []
+    """Run after the curve rules: each suspect is a finding when the run shows its effect (a curve finding, or its
+    own evidence), and then the first cause of the findings it explains when its numbers are strong; otherwise a
+    note saying the setting did nothing visible. Where two suspects show the same effect, each names the other and
+    the experiment that separates them."""
+    judged = []
     for s in suspects(run):
-        shown = mattered(s, found)
-        if shown is not None:
-            out.append(Finding(f"config_{s.id}", "warning", f"config: {s.cause}",
-                               [s.setting, f"the curve shows the effect: {shown.symptom} ({shown.id})"],
-                               [cause(f"{s.cause}", "high" if s.strong else "medium")], [s.action], shown.steps))
-        else:
+        findings = shown(s, found)
+        own = s.shown_by(run) if s.shown_by else None
+        judged.append((s, findings, own))
+    out = []
+    for s, findings, own in judged:
+        if not findings and not own:
             out.append(Finding(f"config_{s.id}", "info", f"config note: {s.setting}",
-                               [s.setting, f"the curve does not show a {s.effect} effect, so this is a note"],
+                               [setting_line(s), f"the run shows no {' or '.join(s.effects)} effect: the setting "
+                                                 f"did nothing visible (so far)"],
                                [cause(s.cause, "low")], [s.action]))
+            continue
+        ev = [setting_line(s)] + ([own] if own else [])
+        ev += [f"the curve shows the effect: {f.symptom} ({f.id})" for f in findings[:3]]
+        causes = [cause(s.cause, "high" if s.strong else "medium")]
+        actions = [s.action]
+        peers = [p for p, pf, po in judged if p is not s and (pf or po) and set(p.effects) & set(s.effects)]
+        for p in peers:
+            causes.append(cause(f"besides: {p.cause}", "medium" if p.strong else "low"))
+        actions += s.experiment if (peers or s.experiment) else []
+        steps = findings[0].steps if findings else [run.steps_done]
+        out.append(Finding(f"config_{s.id}", "warning", f"config: {s.cause}", ev, causes, actions, steps))
+        if s.strong:
+            for f in findings:
+                name_first(f, s)
     return out
+
+
+def name_first(f, s):
+    """Make the suspect the first cause of a finding it explains (unless that cause already names its key, or the
+    finding names a setting itself: a resume's change)."""
+    if not f.causes or (s.key and s.key in f.causes[0]) or f.id.startswith("resume_change"):
+        return
+    f.causes[:] = [cause(s.cause, "high")] + [c for c in f.causes if not (s.key and s.key in c)]
+    if s.action not in f.actions:
+        f.actions.insert(0, s.action)
+    line = setting_line(s)
+    if line not in f.evidence:
+        f.evidence.append(line)

@@ -5,22 +5,30 @@ import statistics
 from ms_llm.diagnose.common import (CLIP_RATIO, CLIP_SHARE, DATA_WAIT_FRAC, Finding, LOW_MFU,
     LOW_MFU_MIN_HIDDEN, MEMORY_FRAC, MIN_RECORDS, OVERFLOW_MIN, OVERFLOW_SHARE, SCALE_DROPS_MIN, SCALE_DROPS_SHARE,
     SLOW_FRAC, SLOW_MIN_RECORDS, SLOW_SHARE, cause, finite, g, lr_actions, points, quoted, steps_text)
-from ms_llm.diagnose.rules.device import contention_text, host_contention
+from ms_llm.diagnose.rules.device import contention_text, host_contention, run_contention, run_contention_text
 
 CONTENDED_SHARE = 0.75   # slow records that coincide with host load: host contention, a note
 MEM_GROWTH_ABS, MEM_GROWTH_REL = 0.05, 0.10  # memory growing by 50 MiB and 10% (first third → last third) ...
 MEM_STEP_GIB, MEM_RISING = 0.5 / 1024, 0.5   # ... rising by > 0.5 MiB in half of the intervals ...
 MEM_ONE_JUMP, MEM_LATE = 0.5, 0.2            # ... no interval holding half the growth, 20% of it in the last third
+DATA_WAIT_CONTENDED = 0.3   # under host contention a data wait below 30% is a note (a stalling pipeline waits more)
+DATA_WAIT_MIN_S = 0.5      # a data wait is a finding when the steady records waited >= 0.5 s in all (a few ms of a
+                            # tiny run's short steps is a high fraction of nothing)
+UNEVEN_MIN_LOST_S = 2.0     # uneven throughput is a warning when its slow records lost >= 2 s against the median
+UNEVEN_MIN_LOST_SHARE = 0.05  # speed and >= 5% of the training time; less is a note (a few hiccups of a tiny run)
 
 # --- throughput -------------------------------------------------------------------------------------
 
 def steady(run, key):
-    """(step, value) of `key` without the first log record, which carries the warm-up, and without the records
-    of a profiled window (profile_start/profile_stop events), whose steps the profiler slows by design."""
+    """(step, value) of `key` without the first log record of each process (the run's first, and the first after
+    every resume, carry the warm-up), and without the records of a profiled window (profile_start/profile_stop
+    events), whose steps the profiler slows by design."""
     pts = points(run.train, key)
     pts = pts[1:] if len(pts) > 1 else pts
+    warm = {e["step"] for e in run.events if e.get("event") == "resume"}
+    interval = run.cfg("train.log_interval", 1) or 1
     prof = profiled(run)
-    return [p for p in pts if p[0] not in prof]
+    return [p for p in pts if p[0] not in prof and not any(0 < p[0] - s <= interval for s in warm)]
 
 
 def profiled(run):
@@ -40,7 +48,11 @@ def profiled(run):
 
 def rule_data_wait(run, found, _):
     pts = steady(run, "data_wait_frac")
-    if not pts or statistics.median(v for _, v in pts) <= DATA_WAIT_FRAC:
+    if len(pts) < MIN_RECORDS or statistics.median(v for _, v in pts) <= DATA_WAIT_FRAC:
+        # a median of fewer records is one stall (the live diagnosis checks from the second record on)
+        return None
+    waited = waited_s(run, pts)
+    if waited is not None and waited < DATA_WAIT_MIN_S:
         return None
     med = statistics.median(v for _, v in pts)
     high = [s for s, v in pts if v > DATA_WAIT_FRAC]
@@ -48,14 +60,37 @@ def rule_data_wait(run, found, _):
     ev = [f"median data wait {100 * med:.0f}% of step time (max {100 * max(v for _, v in pts):.0f}%); above "
           f"{100 * DATA_WAIT_FRAC:.0f}% in {len(high)} of {len(pts)} records (steps {steps_text(high)})",
           f"data.num_workers = {workers}"]
+    shared = run_contention(run)
     causes = [cause(f"too few reader threads (data.num_workers = {workers})", "medium"),
               cause("the dataset on slow or network storage (OBS/NFS mount): reads stall each step", "medium"),
               cause("tokenizing on the fly instead of reading preprocessed MindRecord", "low"),
-              cause("CPU contention on the host (other jobs, too many ranks per host)", "low")]
+              cause("CPU contention on the host (other jobs, too many ranks per host)", "medium" if shared else "low")]
     actions = [f"--set data.num_workers={max(2, 2 * workers)}", "copy the dataset to local disk (or cache it)",
                "ms-llm preprocess --config <config> (packed MindRecord once, read fast afterwards)"]
+    if shared and med < DATA_WAIT_CONTENDED:
+        # the readers share the starved cores: a moderate wait is the host's until an idle run shows it
+        ev.append(run_contention_text(shared) + ": the readers waited for the CPU too; a note (a pipeline that "
+                  f"stalls on its own waits more than {100 * DATA_WAIT_CONTENDED:.0f}%, or as much on an idle host)")
+        causes.insert(0, causes.pop())
+        return [Finding("data_wait", "info", f"note: {100 * med:.0f}% of step time waiting for data while other "
+                        f"processes took the host's CPU", ev, causes,
+                        ["rerun on an idle host: a wait that stays is the pipeline's"] + actions, high[:10])]
     return [Finding("data_wait", "warning", f"input pipeline stalls: {100 * med:.0f}% of step time waiting for data",
                     ev, causes, actions, high[:10])]
+
+
+def record_seconds(run):
+    """{step: interval_s} of the log records that carry the trainer's measured interval (pauses out)."""
+    return {r["step"]: r["interval_s"] for r in run.train if finite(r.get("interval_s"))}
+
+
+def waited_s(run, pts):
+    """Seconds the records of `pts` (step, data_wait_frac) waited for data, from each record's interval_s; None when
+    a record has none (older runs)."""
+    seconds = record_seconds(run)
+    if any(s not in seconds for s, _ in pts):
+        return None
+    return sum(v * seconds[s] for s, v in pts)
 
 
 def rule_uneven(run, found, _):
@@ -66,8 +101,22 @@ def rule_uneven(run, found, _):
     slow = [(s, v) for s, v in pts if v < SLOW_FRAC * med]
     if len(slow) < 2 or len(slow) < SLOW_SHARE * len(pts):
         return None
+    if not telemetry_covers(run, [s for s, _ in slow]):
+        return None  # telemetry is on but has not sampled the slow records yet (a run still running): the host's
+        # share cannot be told from the run's own, so it waits for the next sample (the sampler's last is at the end)
     waits = dict(points(run.train, "data_wait_frac"))
     slow_wait = statistics.median(waits.get(s, 0.0) for s, _ in slow)
+    cost = lost_time(run, pts, med)
+    if cost and (cost[0] < UNEVEN_MIN_LOST_S or cost[0] < UNEVEN_MIN_LOST_SHARE * cost[1]):
+        return [Finding("throughput_uneven", "info", "note: a few slow log intervals that cost little time",
+                        [f"median {med:,.0f} tokens/s; {len(slow)} of {len(pts)} records below "
+                         f"{100 * SLOW_FRAC:.0f}% of it: " + ", ".join(f"step {s}: {v:,.0f}" for s, v in slow[:8]),
+                         f"they lost {cost[0]:.1f} s against the median speed, {100 * cost[0] / cost[1]:.0f}% of "
+                         f"{cost[1]:.1f} s of training (a warning from {UNEVEN_MIN_LOST_S:g} s and "
+                         f"{100 * UNEVEN_MIN_LOST_SHARE:.0f}%)"],
+                        [cause("short stalls (garbage collection, another process, a monitor's sync): too little "
+                               "time to be worth a cause", "low")],
+                        ["--set train.log_interval=1 for a while if the steps' speed matters"], [s for s, _ in slow][:10])]
     ev = [f"median {med:,.0f} tokens/s; {len(slow)} of {len(pts)} records below {100 * SLOW_FRAC:.0f}% of it: "
           + ", ".join(f"step {s}: {v:,.0f}" for s, v in slow[:8]),
           f"median data wait in the slow records: {100 * slow_wait:.0f}%"]
@@ -76,25 +125,33 @@ def rule_uneven(run, found, _):
         ev.append(f"records of the profiled window left out (steps {steps_text(sorted(prof))})")
     steps = [s for s, _ in slow]
     busy = host_contention(run, steps)
+    shared = run_contention(run)
     stall = slow_wait > DATA_WAIT_FRAC
     if busy:
         ev.append(contention_text(busy))
+    if shared:
+        ev.append(run_contention_text(shared))
     elif any(True for _ in _telemetry_loads(run)) and not any("time" in r for r in run.train):
         ev.append("telemetry has host loads, but the records carry no time to match them with (a run from before "
                   "metrics.jsonl had a time field): host contention cannot be checked")
     elif any(True for _ in _telemetry_loads(run)):
-        ev.append("telemetry: the host load stayed within 1.5x its cores while the steps were slow: not other "
-                  "processes")
+        ev.append("telemetry: other processes took less than half a core and the host load stayed within 1.5x its "
+                  "cores while the steps were slow: not other processes")
     else:
         ev.append("no host load in telemetry.jsonl (monitor.telemetry_interval_s off?): host contention cannot be "
                   "checked")
     actions = ["profile a slow window: --set monitor.profile.start_step=<step> --set monitor.profile.stop_step="
                "<step+10>", "check the host: top / npu-smi info for other jobs"]
-    if not stall and busy and len(busy[0]) >= CONTENDED_SHARE * len(slow):
-        causes = [cause("host contention: other processes on this machine took CPU time from the run (the load "
-                        "average exceeded its cores while the steps were slow)", "high"),
+    coincide = bool(busy) and len(busy[0]) >= CONTENDED_SHARE * len(slow)
+    if not stall and (coincide or shared):
+        # the host's, not the run's: a note, so that the run's own findings (if any) come first
+        causes = [cause("host contention: other processes on this machine took CPU time from the run ("
+                        + ("they were busy while the steps were slow" if coincide else
+                           "they were busy through most of the run") + ")", "high" if coincide else "medium"),
                   cause("a stall inside the run (recompilation, garbage collection, a straggler rank) would look the "
                         "same; rerun on an idle host to rule it out", "low")]
+        ev.append("this is the host's unevenness, not the run's: a note, which leaves the first place to the run's own "
+                  "findings")
         return [Finding("host_contention", "info", "throughput uneven while the host was shared with other processes",
                         ev, causes, ["run on an idle host (or fewer jobs per host) when throughput matters"] + actions,
                         steps[:10])]
@@ -117,10 +174,42 @@ def rule_uneven(run, found, _):
                     steps[:10])]
 
 
+def lost_time(run, pts, med):
+    """(seconds the records of `pts` lost against the median speed `med`, their seconds in all), from each record's
+    interval_s (the trainer's, pauses out) or else its tokens (steps × global batch × sequence); None if unknown."""
+    seconds = record_seconds(run)
+    per_step = (run.cfg("train.global_batch_size", 0) or 0) * (run.cfg("model.seq_length", 0) or 0)
+    steps = [r["step"] for r in run.train]
+    previous = dict(zip(steps, [0] + steps[:-1]))
+    lost = total = 0.0
+    for step, v in pts:
+        t = seconds.get(step)
+        if t is None:
+            if not per_step or v <= 0:
+                return None
+            t = (step - previous.get(step, step)) * per_step / v
+        total += t
+        lost += max(0.0, t * (1 - v / med))
+    return (lost, total) if total > 0 else None
+
+
+def telemetry_covers(run, steps):
+    """False when a run still running samples telemetry but no sample is as late as the last of these records (then
+    whether other processes took the CPU meanwhile is not known yet); True otherwise (telemetry off or no sample at
+    all: nothing to wait for; the sampler's first sample is at the start)."""
+    from ms_llm.diagnose.rules.device import record_windows, telemetry
+
+    if not getattr(run, "running", False) or not run.cfg("monitor.telemetry_interval_s"):
+        return True  # a finished run's samples are all there is (the live diagnosis marks a run still running)
+    ends = [b for s, a, b in record_windows(run) if s in set(steps)]
+    samples = [x["time"] for x in telemetry(run)]
+    return not ends or not samples or max(samples) >= max(ends)  # no sample at all: none is coming to wait for
+
+
 def _telemetry_loads(run):
     from ms_llm.diagnose.rules.device import telemetry
 
-    return (s for s in telemetry(run) if isinstance(s.get("load1"), (int, float)))
+    return (s for s in telemetry(run) if isinstance(s.get("load1"), (int, float)) or "cpu_util_pct" in s)
 
 
 def rule_low_mfu(run, found, _):
@@ -377,10 +466,51 @@ FLAGS = {"vanishing": vanishing_text, "exploding": exploding_text, "dtype_mismat
          "grad_scale_mismatch": scale_text}
 
 
+EXPLODE_BACK = 1.5   # a grad norm back within 1.5x its level before the flag by the next record: recovered
+EXPLODE_PERSIST = 2  # exploding flags at this many distinct steps (or a norm that stays up): an explosion
+WARMUP_END = 0.1     # a flag within 10% of the warmup (at least 5 steps) of its end: where the LR reaches its peak
+
+
+def one_off_explosion(run, recs):
+    """(evidence lines) when every exploding flag is a single record the run recovered from (the grad norm in
+    metrics.jsonl back near its level before it by the next record), else None."""
+    steps = sorted({r.get("step") for r in recs if isinstance(r.get("step"), int)})
+    if not steps or len(steps) >= EXPLODE_PERSIST:
+        return None
+    s = steps[0]
+    gn = points(run.train, "grad_norm")
+    before = [v for st, v in gn if st < s][-5:]
+    after = [(st, v) for st, v in gn if st >= s][:2]
+    if not before or not after:
+        return None
+    level = statistics.median(before)
+    late = after[-1]
+    if late[1] > EXPLODE_BACK * level:
+        return None
+    lines = [f"{recs[0].get('name')} at step {s}: {recs[0].get('detail', '')}",
+             f"grad_norm in metrics.jsonl: {g(level)} before step {s} (median of {len(before)} records), "
+             f"{g(late[1])} at step {late[0]}: back at its level; one record the run recovers from is not an "
+             f"explosion (that needs the norm to stay up, or flags at {EXPLODE_PERSIST}+ steps)"]
+    warm = run.cfg("train.warmup_steps", 0) or 0
+    if warm and abs(s - warm) <= max(5, WARMUP_END * warm):
+        lines.append(f"step {s} is where the warmup reaches the peak LR (train.warmup_steps = {warm}): the gradient "
+                     f"norm commonly peaks there")
+    return lines
+
+
 def rule_stats(run, found, _):
     out = []
     for flag, text in FLAGS.items():
         recs = [r for r in run.stats if r.get("kind") == "flag" and r.get("flag") == flag]
+        once = one_off_explosion(run, recs) if flag == "exploding" and recs else None
+        if once:
+            out.append(Finding("stats_exploding", "info", "note: one gradient-norm record above its history, and the "
+                               "run recovered at once", once,
+                               [cause("a single large batch gradient (or the peak of the warmup), not an instability",
+                                      "medium")],
+                               ["nothing to do unless it repeats; then --set train.clip_grad=1.0 or a longer warmup"],
+                               [recs[0].get("step")]))
+            continue
         if recs:
             names = sorted({r.get("name", "?") for r in recs})
             ev = [f"{r.get('name')} at step {r.get('step')}: {r.get('detail', '')}".rstrip(": ") for r in recs[:10]]
@@ -410,6 +540,14 @@ def rule_events(run, found, _):
                                                                  else "") for e in stops],
                            [cause("a SIGTERM/SIGINT from the scheduler, or a planned time-boxed stop", "high")],
                            ["resume with --resume (or checkpoint.auto_resume: true)"], [e["step"] for e in stops]))
+    stopped = [e for e in run.events if e.get("event") == "stop_on"]
+    if stopped:
+        e = stopped[-1]
+        out.append(Finding("stopped_by_diagnosis", "info", f"the live diagnosis stopped the run at step {e['step']} "
+                           f"(train.stop_on)", [f"step {e['step']}: {e.get('reason', '')}"],
+                           [cause("the finding named in the reason (it is among the findings above)", "high")],
+                           ["fix it, then start again (or resume with --resume --set train.stop_on=null to go on "
+                            "as it was)"], [e["step"]]))
     guard = [e for e in run.events if e.get("event") in ("anomaly_skip", "rollback")]
     if guard:
         out.append(Finding("anomalies", "warning", f"the anomaly guard acted {len(guard)} time(s)",

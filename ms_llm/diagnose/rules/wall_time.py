@@ -21,6 +21,7 @@ MIN_TIMES = 3           # ... nor a phase that happened fewer times (its cost is
 ONE_OFF_SHARE, ONE_OFF_MIN_S = 0.25, 60.0   # startup or compile above 25% of the wall and a minute: a note
 SLOWER = 2.0            # the run's median step time at least 2x the benchmark's: slower than this machine
 BENCHMARK_FILE = "benchmark.json"
+SMALL_MICRO_TOKENS = 4096  # accumulating micro-batches this small costs launch overhead per micro-batch (a note)
 NOTE_ONLY_HOOKS = ("ProfileWindow",)  # a profiled window is slow by design and bounded: a note
 # settings that change how fast a step runs, not what it computes: (key, the schema default the benchmark uses)
 SPEED_KEYS = (("context.mode", "graph"), ("context.jit_level", None), ("context.num_threads", None),
@@ -31,27 +32,35 @@ SPEED_KEYS = (("context.mode", "graph"), ("context.jit_level", None), ("context.
 
 def recurring(run, acc):
     """{phase label: (recurring seconds, occurrences, typical seconds, config key[, hook])} for evaluation,
-    checkpoints, report refreshes and each hook. The first occurrence in each process compiles what it runs (the
-    evaluation graph, the statistics probe): the typical cost is the median of the others (of the firsts when there
+    checkpoints, report refreshes and each hook. The costliest occurrence in each process compiles what it runs (the
+    evaluation graph, the statistics probe; usually the first, but a hook's trivial call that a loaded host made
+    measurable can come before it): the typical cost is the median of the others (of the costliest ones when there
     are no others), and the recurring cost that times the occurrences."""
-    found = {}  # label -> (key, hook, [(first in its process?, seconds)])
+    found = {}  # label -> (key, hook, [(the one-off of its process?, seconds)])
     for seg in segments(run):
-        seen = set()
+        here = {}  # label -> (key, hook, [seconds]) of this process
         for r in sorted(seg, key=lambda r: (r.get("step", 0), r.get("elapsed_s") or 0)):
             items = []
             if "val_loss" in r:
                 items.append(("evaluation", "train.eval_interval / train.eval_steps", "", r.get("duration_s")))
+            elif "tasks" in r:
+                items.append(("task evaluation", "eval.interval / eval.limit / eval.tasks", "", r.get("duration_s")))
             elif r.get("event") == "checkpoint":
                 items.append(("checkpoints", "checkpoint.save_interval / checkpoint.async_save", "",
                               r.get("duration_s")))
             elif r.get("event") == "report":
                 items.append(("report", "monitor.report", "", r.get("duration_s")))
+            elif r.get("event") == "diagnose":
+                items.append((HOOK_NAMES["LiveDiagnosis"], HOOK_KEYS["LiveDiagnosis"], "LiveDiagnosis",
+                              r.get("duration_s")))
             elif "loss" in r and r.get("hooks_s"):
                 items += [(HOOK_NAMES.get(h, h), HOOK_KEYS.get(h, ""), h, v) for h, v in r["hooks_s"].items()]
             for label, key, hook, v in items:
                 if finite(v):
-                    found.setdefault(label, (key, hook, []))[2].append((label not in seen, v))
-                    seen.add(label)
+                    here.setdefault(label, (key, hook, []))[2].append(v)
+        for label, (key, hook, values) in here.items():
+            top = values.index(max(values))
+            found.setdefault(label, (key, hook, []))[2].extend((i == top, v) for i, v in enumerate(values))
     out = {}
     for label, (key, hook, values) in found.items():
         later = [v for first, v in values if not first]
@@ -79,10 +88,14 @@ def rule_wall_time(run, found, _):
         ev = [f"wall-time accounting (metrics.jsonl): {describe(acc)}" + ("" if acc["measured"] else
               " (some records predate the timing fields: their time is in 'the rest')")]
         for lab, q in sorted(warn, key=lambda x: -x[1][0]):
-            ev.append(f"{lab}: {q[1]} time(s), {g(q[2])} s each (median) = {100 * q[0] / total:.0f}% of the recurring "
-                      f"time (steps {duration(base)}); controlled by {q[3]}")
-        ev.append(f"a training step takes {1000 * step_s:.0f} ms: one {label} costs as much as {q_steps(p[2], step_s)} "
-                  f"steps")
+            calls = calls_per_value(run, q)
+            times = f"{q[1]} time(s), {g(q[2])} s each (median)" if calls == 1 else \
+                f"{q[1] * calls} time(s) in {q[1]} log records, {g(q[2])} s per record (median; {g(q[2] / calls)} s " \
+                "each)"
+            ev.append(f"{lab}: {times} = {100 * q[0] / total:.0f}% of the recurring time (steps "
+                      f"{duration(base)}); controlled by {q[3]}")
+        ev.append(f"a training step takes {1000 * step_s:.0f} ms: one {label} costs as much as "
+                  f"{q_steps(p[2] / calls_per_value(run, p), step_s)} steps")
         causes, actions = [], []
         for lab, q in sorted(warn, key=lambda x: -x[1][0]):
             c, a = phase_advice(run, lab, q, step_s)
@@ -116,8 +129,22 @@ def trained_steps(run):
     return (max(steps) - (min(steps) - (run.cfg("train.log_interval") or 1))) if steps else 1
 
 
+def calls_per_value(run, p):
+    """How many calls of a phase one of its values holds: a log record's hooks_s sums the calls of its interval
+    (every step's NaN check; a tensor-statistics probe every monitor.tensor_stats.every steps); other phases are
+    timed once per call."""
+    hook = p[4] if len(p) > 4 else ""
+    interval = run.cfg("train.log_interval") or 1
+    if hook == "TensorStats":
+        return max(1, interval // (run.cfg("monitor.tensor_stats.every") or 1))
+    return interval if hook == "NanWatch" else 1
+
+
 def q_steps(seconds, step_s):
-    return f"{seconds / step_s:,.0f}" if step_s > 0 else "?"
+    if step_s <= 0:
+        return "?"
+    n = seconds / step_s
+    return f"{n:,.0f}" if n >= 10 else f"{n:.2g}"
 
 
 def phase_advice(run, label, p, step_s):
@@ -148,16 +175,24 @@ def phase_advice(run, label, p, step_s):
                                                                           "whole write happens in the loop)"),
                 ([] if asynchronous else ["--set checkpoint.async_save=true (write in the background)"])
                 + [f"--set checkpoint.save_interval={interval}"])
+    if label == "task evaluation":
+        every, limit = run.cfg("eval.interval"), run.cfg("eval.limit")
+        interval = max(round_up(int(per * (1 - TARGET_SHARE) / TARGET_SHARE) + 1), every or 0)
+        return (f"task evaluation (lm-eval) too often or too long: eval.interval = {every}, eval.limit = {limit} "
+                f"documents per task; each evaluation costs about {per:,.0f} training steps",
+                [f"--set eval.interval={interval} (a multiple of train.eval_interval)",
+                 "or a smaller --set eval.limit=N (documents per task per evaluation)"])
     if label == "report":
         return ("report.html refreshes (monitor.report = true) take a large share of a short run",
                 ["--set monitor.report=false (write it afterwards: ms-llm report RUN)"])
     key = p[3]
     hook = p[4] if len(p) > 4 else ""
     if hook == "TensorStats":
-        every = run.cfg("monitor.tensor_stats.every")
+        every = run.cfg("monitor.tensor_stats.every") or 1
+        one = per / calls_per_value(run, p)  # a log record's hooks_s holds every probe of its interval
         return (f"tensor statistics too often: monitor.tensor_stats.every = {every}, each probe costs about "
-                f"{per:,.0f} steps", [f"--set monitor.tensor_stats.every={round_up(max(every or 1, int(per / TARGET_SHARE)))}"
-                                      ])
+                f"{one:,.2g} steps", [f"--set monitor.tensor_stats.every={round_up(max(every, int(one / TARGET_SHARE)))}"
+                                      f" (statistics about {100 * TARGET_SHARE:.0f}% of the time)"])
     if hook == "NanWatch":
         return ("the NaN check syncs every step with the host (monitor.nan_check = true)",
                 ["--set monitor.nan_check=false (token ids are still checked; turn it on when hunting a NaN)"])
@@ -213,7 +248,7 @@ def speed_settings(run):
 
 
 def benchmark_command(run):
-    from ms_llm.fileio import run_config_path
+    from ms_llm.rundir.names import run_config_path
 
     sets = " ".join(f"--set {k}={'null' if d is None else str(d).lower() if isinstance(d, bool) else d}"
                     for k, _, d in speed_settings(run))
@@ -234,6 +269,11 @@ def limiting(run):
         out.append("context.jit_level = O0 (no graph fusion)")
     if run.cfg("context.cpu_kernels") is False and ((run.info.get("device") or {}).get("target") == "CPU"):
         out.append("context.cpu_kernels = false (the fused CPU kernels off)")
+    micro, accum = run.cfg("train.micro_batch_size"), run.accumulation
+    if accum > 1 and micro and micro * (run.cfg("model.seq_length") or 0) < SMALL_MICRO_TOKENS:
+        out.append(f"train.micro_batch_size = {micro} x accumulation {accum}: micro-batches of "
+                   f"{micro * run.cfg('model.seq_length'):,} tokens, each a full pass of kernel launches, where the "
+                   f"global batch {run.cfg('train.global_batch_size')} would take fewer, larger ones")
     return out
 
 
@@ -252,14 +292,18 @@ def rule_machine_speed(run, found, _):
         return None
     limits = limiting(run)
     if bench is None:
-        if not limits:
+        from ms_llm.diagnose.measure import load_measure
+
+        if not limits or load_measure(run):  # measured (--measure): rule_measured says what the settings cost
             return None
         return [Finding("speed_settings", "info", f"note: settings that limit the step's speed: {'; '.join(limits)}",
                         [f"median {ms:,.0f} ms/step; no benchmark of this config on this machine to compare with "
                          f"({os.path.join(run.path, BENCHMARK_FILE)})"],
                         [cause("these settings make each step slower than this machine can run it", "low")],
                         [f"measure what this machine does with the same config: {benchmark_command(run)}, then "
-                         f"ms-llm diagnose {quoted(run.path)} again"])]
+                         f"ms-llm diagnose {quoted(run.path)} again",
+                         f"or measure these settings against the others of the same computation: ms-llm diagnose "
+                         f"{quoted(run.path)} --measure"])]
     ratio = ms / bench["ms_per_step"]
     if ratio < SLOWER:
         return None
@@ -289,12 +333,14 @@ def rule_machine_speed(run, found, _):
             causes.append(cause(f"data.num_workers = {value} (default {default})", "medium"))
         elif not any(key in c for c in causes):
             causes.append(cause(f"{key} = {value} (default {default})", "medium"))
-    from ms_llm.diagnose.rules.device import host_contention
+    from ms_llm.diagnose.rules.device import host_contention, run_contention, run_contention_text
 
     busy = host_contention(run, [r["step"] for r in run.train])
+    shared = run_contention(run)
     causes.append(cause("other processes on the host while the run trained" + (
-        f" (load average up to {busy[1]:.1f} on {busy[2]} cores)" if busy else ""),
-        "medium" if busy else "low" if named else "medium"))
+        f" ({run_contention_text(shared)})" if shared else f" (load average up to {busy[1]:.1f} on {busy[2]} cores)"
+        if busy else ""), "high" if shared and not named else "medium" if busy or shared else "low" if named
+        else "medium"))
     if not named:
         causes.append(cause("the environment: thread limits from variables (OMP_NUM_THREADS), CPU pinning (taskset, "
                             "cgroups) or another machine", "medium"))

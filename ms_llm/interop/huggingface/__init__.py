@@ -40,8 +40,18 @@ def read_hf_config(path):
 def read_hf_tensors(path):
     index = os.path.join(path, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
+        try:
+            with open(index, encoding="utf-8") as f:
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            raise UserError(f"'{index}' cannot be read as a safetensors index ({type(e).__name__}: {e}); it needs a "
+                            f"\"weight_map\" of tensor names to shard files. Download it again.") from None
+        missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
+        if missing:
+            raise UserError(f"'{index}' names {len(files)} shard(s), and {len(missing)} of them are not in '{path}': "
+                            f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}. The download is incomplete: "
+                            f"fetch the missing file(s) (e.g. `huggingface-cli download <repo> {missing[0]} "
+                            f"--local-dir {path}`).")
     else:
         files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
     if not files:
@@ -126,13 +136,12 @@ def ours_to_hf(arrays, m, origin):
 
 def from_hf(hf_dir, out_dir, fmt="ckpt", log=print):
     from ms_llm.checkpoint import store
-    from ms_llm.config import from_dict, save_config
-    from ms_llm.config.validate import validate_config
+    from ms_llm.config import config_from_dict, save_config
 
     hf_cfg = read_hf_config(hf_dir)
     section = model_section(hf_cfg)  # refuses unsupported models before reading gigabytes of weights
     tensors, dtypes = read_hf_tensors(hf_dir)
-    cfg = validate_config(from_dict({"model": section, "train": {"seed": 0}}))
+    cfg = config_from_dict({"model": section, "train": {"seed": 0}})
     prefix = detect_prefix(tensors, cfg.model.arch)
     ours = hf_to_ours(tensors, cfg.model, prefix)
     check_shapes(cfg, ours)

@@ -20,6 +20,7 @@ import numpy as np
 
 from ms_llm.errors import UserError
 from ms_llm.interop.huggingface import rope
+from ms_llm.config.validate import head_dim
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM",
                  "qwen3": "Qwen3ForCausalLM"}
@@ -133,7 +134,7 @@ def model_type_of(m):
     if m.qk_norm:
         return "qwen3"
     if m.qkv_bias:
-        if m.head_dim and m.head_dim != m.hidden_size // m.num_heads:
+        if head_dim(m) != m.hidden_size // m.num_heads:
             raise UserError(f"model.qkv_bias with model.head_dim = {m.head_dim} (not hidden_size / num_heads): "
                             f"transformers' Qwen2 before 5.0 ignores head_dim, so the checkpoint would load as a "
                             f"different model there; it is not written.")
@@ -143,7 +144,7 @@ def model_type_of(m):
 
 def hf_config(m):
     kind = model_type_of(m)
-    d = m.head_dim or m.hidden_size // m.num_heads
+    d = head_dim(m)
     out = {"model_type": kind, "architectures": [ARCHITECTURES[kind]], "num_hidden_layers": m.num_layers,
            "hidden_size": m.hidden_size, "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads,
            "head_dim": d, "intermediate_size": m.ffn_hidden_size, "max_position_embeddings": m.seq_length,
@@ -194,7 +195,7 @@ def to_hf(arrays, m, prefix, origin):
         out["lm_head.weight"] = arrays["lm_head"]
     elif origin.get("has_lm_head"):
         out["lm_head.weight"] = arrays["embedding"]
-    d = m.head_dim or m.hidden_size // m.num_heads
+    d = head_dim(m)
     qkv_cuts = [m.num_heads * d, (m.num_heads + m.num_kv_heads) * d]
     cuts = {"attention.qkv.weight": qkv_cuts, "attention.qkv.bias": qkv_cuts, "mlp.gate_up.weight": [m.ffn_hidden_size]}
     for i in range(m.num_layers):

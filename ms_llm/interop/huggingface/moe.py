@@ -30,6 +30,7 @@ import numpy as np
 
 from ms_llm.errors import UserError
 from ms_llm.interop.huggingface import llama, rope
+from ms_llm.config.validate import head_dim
 
 ARCHITECTURES = {"mixtral": "MixtralForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM"}
 MODEL_TYPES = tuple(ARCHITECTURES)
@@ -156,7 +157,7 @@ def hf_config(m):
 
     kind = model_type_of(m)
     moe = m.moe
-    d = m.head_dim or m.hidden_size // m.num_heads
+    d = head_dim(m)
     out = {"model_type": kind, "architectures": [ARCHITECTURES[kind]], "num_hidden_layers": m.num_layers,
            "hidden_size": m.hidden_size, "num_attention_heads": m.num_heads, "num_key_value_heads": m.num_kv_heads,
            "head_dim": d, "max_position_embeddings": m.seq_length, "vocab_size": m.vocab_size,
@@ -255,7 +256,7 @@ def to_hf(arrays, m, prefix, origin):
         out["lm_head.weight"] = arrays["lm_head"]
     elif origin.get("has_lm_head"):
         out["lm_head.weight"] = arrays["embedding"]
-    d = m.head_dim or m.hidden_size // m.num_heads
+    d = head_dim(m)
     qkv_cuts = [m.num_heads * d, (m.num_heads + m.num_kv_heads) * d]
     names, fused = attention_names(m)
     f = expert_ffn(m)

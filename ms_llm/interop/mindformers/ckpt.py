@@ -18,6 +18,7 @@ import numpy as np
 
 from ms_llm.errors import UserError
 from ms_llm.interop.mindformers import names
+from ms_llm.config.validate import head_dim
 
 ORIGIN = "mindformers_origin.json"
 MS_DTYPES = ("float32", "float16", "bfloat16")
@@ -67,10 +68,9 @@ def write_checkpoint(path, arrays, dtypes):
 
 def model_config(path):
     """Our validated config from `path`: an ms_llm config, or a MindFormers YAML (its model part is imported)."""
-    from ms_llm.config import from_dict, load_config
+    from ms_llm.config import config_from_dict, load_config
     from ms_llm.config.loader import read_yaml
-    from ms_llm.config.validate import validate_config
-    from ms_llm.interop.mindformers.detect import looks_like_mindformers
+    from ms_llm.config.foreign import looks_like_mindformers
 
     if not path:
         raise UserError("--from-mindformers needs --config: the model's config (an ms_llm config, e.g. one written "
@@ -80,13 +80,13 @@ def model_config(path):
         from ms_llm.interop.mindformers.config import import_config
 
         ours, _, _ = import_config(raw, path=f"'{path}'")
-        cfg = validate_config(from_dict(ours))
+        cfg = config_from_dict(ours)
     else:
         cfg = load_config(path)
     if cfg.model.arch != "llama":
         raise UserError(f"{path}: model.arch = {cfg.model.arch}: MindFormers checkpoints are converted for Llama.")
     m = cfg.model
-    apart = m.head_dim and m.head_dim != m.hidden_size // m.num_heads
+    apart = head_dim(m) != m.hidden_size // m.num_heads
     beyond = [k for k, v in (("qk_norm", m.qk_norm), ("head_dim", apart), ("sliding_window", m.sliding_window)) if v]
     if beyond:  # MindFormers' LlamaForCausalLM has none of these; its Qwen3 is another model with its own names
         raise UserError(f"{path}: model.{beyond[0]} is set, which MindFormers' LlamaForCausalLM (the model whose "

@@ -43,9 +43,8 @@ def import_config(raw, samples=None, devices=None, path="the config"):
 
 
 def convert_config(src, out, samples=None, devices=None, log=print):
-    from ms_llm.config import from_dict
+    from ms_llm.config import config_from_dict
     from ms_llm.config.loader import read_yaml
-    from ms_llm.config.validate import validate_config
     from ms_llm.parallel.shapes import ModelShape
 
     if samples is not None and samples <= 0:
@@ -57,7 +56,7 @@ def convert_config(src, out, samples=None, devices=None, log=print):
     if samples is None:
         samples = count_samples(raw)
     ours, rows, facts = import_config(raw, samples, devices, f"'{src}'")
-    cfg = validate_config(from_dict(ours))
+    cfg = config_from_dict(ours)
     pc = cfg.parallel_config
     if pc.data_parallel:  # the layout must also pass the planner's checks (micro-batches, divisibility)
         from ms_llm.parallel.layout import build_plan

@@ -24,6 +24,7 @@ MindFormers' RoPE rotates halves (as Hugging Face's and ours do): q/k rows are n
 import re
 
 import numpy as np
+from ms_llm.config.validate import head_dim
 
 FUSED_LAYOUTS = ("grouped", "concatenated")
 LAYER = {"attn_norm.weight": "attention_norm.weight", "attention.out.weight": "attention.wo.weight",
@@ -52,7 +53,7 @@ def is_training_state(name):
 
 
 def dims(m):
-    d = m.head_dim or m.hidden_size // m.num_heads
+    d = head_dim(m)
     return m.hidden_size, m.num_heads, m.num_kv_heads, d, m.ffn_hidden_size, m.vocab_size
 
 

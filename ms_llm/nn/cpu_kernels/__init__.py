@@ -162,7 +162,7 @@ def _swap_middle_axes():
 
 def _softmax_cross_entropy():
     """(logits (rows, vocab), targets, coef) → (ce (rows,), coef-weighted gradient of ce w.r.t. the logits). No
-    bprop: the chunked loss (ms_llm.train.loss) calls it inside its own backward."""
+    bprop: the chunked loss (ms_llm.train.losses.chunked) calls it inside its own backward."""
     return custom("SoftmaxCrossEntropy", lambda x, t, c: ([x[0]], x), lambda x, t, c: (x, x))
 
 

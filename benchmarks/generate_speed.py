@@ -1,0 +1,117 @@
+"""Greedy generation: ms_llm's KV cache (ms_llm.generate) against transformers' `generate` on the same model,
+alternating rounds in one process on the same machine: tokens/s of each and whether their tokens are identical.
+
+  python benchmarks/generate_speed.py                       # a ~30M-parameter Qwen2 layout, 256 tokens after 32
+  python benchmarks/generate_speed.py --family gpt2 --hidden 128 --layers 4 --heads 4 --vocab 66 --context 64 \\
+         --prompt 8 --new 56                                # the quickstart's shape
+
+The model is a random transformers model (weights redrawn so that its greedy path is no near-tie), saved with
+save_pretrained and converted in memory the way `ms-llm eval --hf` converts it. Both sides generate one sequence
+(batch 1) greedily for --new tokens; transformers with its own KV cache (use_cache, the default). Each side is
+warmed up once (ms_llm compiles its prefill and decode graphs there); then --rounds alternating timed runs, and the
+ratio of the medians. Both use every core (torch's and MindSpore's default threads). Needs torch and transformers.
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def build(args, folder):
+    import torch
+    import transformers
+
+    if args.family == "gpt2":
+        config = transformers.GPT2Config(n_embd=args.hidden, n_layer=args.layers, n_head=args.heads,
+                                         vocab_size=args.vocab, n_positions=args.context, eos_token_id=None,
+                                         bos_token_id=None)
+    else:
+        config = transformers.Qwen2Config(hidden_size=args.hidden, intermediate_size=args.hidden * 11 // 4,
+                                          num_hidden_layers=args.layers, num_attention_heads=args.heads,
+                                          num_key_value_heads=max(1, args.heads // 4), vocab_size=args.vocab,
+                                          max_position_embeddings=args.context, eos_token_id=None,
+                                          bos_token_id=None, tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if not name.endswith(("norm.weight", "ln_1.weight", "ln_2.weight", "ln_f.weight")):
+                p.copy_(p * 4)
+    model.save_pretrained(folder)
+    return model
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--family", choices=("qwen2", "gpt2"), default="qwen2")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--context", type=int, default=512)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=5)
+    args = ap.parse_args()
+    os.environ.setdefault("GLOG_v", "3")
+    import torch
+
+    from ms_llm.eval.source import LoadedModel, build as build_ours, context_config, setup
+    from ms_llm.config import from_dict
+    from ms_llm.config.validate import validate_config
+    from ms_llm.generate import Generator, next_token
+    from ms_llm.interop import huggingface as hf
+
+    with tempfile.TemporaryDirectory() as folder:
+        theirs = build(args, folder)
+        hf_cfg = hf.read_hf_config(folder)
+        cfg = validate_config(from_dict({"model": hf.model_section(hf_cfg), "train": {"seed": 0}}))
+        setup(cfg.context)
+        cfg, context = context_config(cfg, None)
+        tensors, _ = hf.read_hf_tensors(folder)
+        model = build_ours(cfg, hf.hf_to_ours(tensors, cfg.model, hf.detect_prefix(tensors, cfg.model.arch)), folder)
+    n_params = sum(p.numel() for p in theirs.parameters())
+    prompt = np.random.default_rng(0).integers(0, args.vocab, args.prompt).tolist()
+    generator = Generator(model, context)
+
+    def run_ours():
+        return generator.generate([prompt], args.new, lambda _, logits: next_token(logits))[0]
+
+    def run_theirs():
+        with torch.no_grad():
+            out = theirs.generate(torch.tensor([prompt]), max_new_tokens=args.new, min_new_tokens=args.new,
+                                  do_sample=False, pad_token_id=0)
+        return out[0, len(prompt):].tolist()
+
+    print(f"{args.family}: {n_params / 1e6:.1f}M parameters, context {context}, {args.new} new tokens after "
+          f"{args.prompt}; torch {torch.__version__} ({torch.get_num_threads()} threads)", flush=True)
+    t0 = time.perf_counter()
+    ours_tokens = run_ours()
+    print(f"ms_llm warm-up (compiles prefill + decode): {time.perf_counter() - t0:.1f} s", flush=True)
+    theirs_tokens = run_theirs()
+    speeds = {"ms_llm": [], "transformers": []}
+    for r in range(args.rounds):
+        for name, fn in (("ms_llm", run_ours), ("transformers", run_theirs)):
+            t0 = time.perf_counter()
+            tokens = fn()
+            s = len(tokens) / (time.perf_counter() - t0)
+            speeds[name].append(s)
+            print(f"round {r + 1} {name}: {s:,.1f} tokens/s", flush=True)
+    med = {k: statistics.median(v) for k, v in speeds.items()}
+    print(f"median tokens/s: ms_llm {med['ms_llm']:,.1f} ({min(speeds['ms_llm']):,.1f}-{max(speeds['ms_llm']):,.1f}), "
+          f"transformers {med['transformers']:,.1f} ({min(speeds['transformers']):,.1f}-"
+          f"{max(speeds['transformers']):,.1f}); ratio {med['ms_llm'] / med['transformers']:.2f}x")
+    print(f"greedy tokens identical: {ours_tokens == theirs_tokens}"
+          + ("" if ours_tokens == theirs_tokens else
+             f" (first difference at token {next(i for i, (a, b) in enumerate(zip(ours_tokens, theirs_tokens)) if a != b)})"))
+
+
+if __name__ == "__main__":
+    main()

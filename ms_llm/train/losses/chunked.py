@@ -1,0 +1,155 @@
+"""The chunked loss (`train.loss_chunk_tokens` > 0): the LM head and the cross-entropy over that many tokens at a time.
+
+Chunked (`ChunkedCrossEntropy`, the fused linear cross-entropy of Liger-Kernel and torchtune): for each chunk of
+tokens the head's matmul, the softmax, the loss and the gradient of the loss with respect to the chunk's logits
+are computed in the forward pass, and that gradient is immediately turned into the chunk's share of the
+gradients of the hidden states (dlogits @ W) and of the head weight (dlogitsᵀ @ x). Only one chunk's logits and
+their gradient exist at any time, forward and backward, and the head's FLOPs are those of the whole path (no
+recompute). The backward of the Cell (`bprop`) just scales the stored gradients by the incoming gradient.
+
+The gradients are computed for `grad_scale` × loss, where grad_scale is what the caller multiplies the loss by
+before differentiating (loss scale ÷ accumulation): with float16 compute the per-token gradients are cast to
+float16 for the matmuls already scaled, exactly as backpropagating the scaled loss would cast them, so small
+probabilities do not underflow.
+
+Token weights: the loss is Σ w·ce / Σ w. The training step passes w = 1 (the plain mean); a loss mask for
+fine-tuning passes its mask instead. An all-zero w gives loss 0 and zero gradients.
+
+Equality with the whole path: the same formulas in float32; the sums are ordered differently (a sum per chunk,
+then over chunks; the head-weight gradient accumulated chunk by chunk), so results agree to float32 rounding
+(relative 1e-6), not bit for bit. tests/test_loss.py checks loss and every gradient.
+"""
+import mindspore as ms
+from mindspore import nn, ops
+
+from ms_llm.nn.backend import PORTABLE
+from ms_llm.train.losses.base import Loss
+
+
+class ChunkedLoss(Loss):
+    """Mean token cross-entropy over chunks of `train.loss_chunk_tokens` tokens, equal to the whole loss within float32
+    rounding; in evaluation the forward alone (ChunkedCrossEntropyLoss)."""
+
+    @classmethod
+    def applies(cls, cfg, parallel, manifest):
+        # not under semi-auto parallel, whose strategies shard the LM head's own matmul (this loss has its own)
+        return cfg.train.loss_chunk_tokens > 0 and not parallel.semi_auto
+
+    @classmethod
+    def build(cls, cfg, parallel, manifest, model, backend, dp):
+        return cls(model, parallel.accumulation, cfg.train.loss_chunk_tokens, backend)
+
+    def __init__(self, model, accum, chunk, backend=PORTABLE):
+        super().__init__(model, accum)
+        self.train_loss = ChunkedCrossEntropy(chunk, model.dtype, backend)
+        self.eval_loss = ChunkedCrossEntropyLoss(chunk, model.dtype, backend)
+
+    def construct(self, grad_scale, ids):
+        x = self.model.hidden_states(ids[:, :-1])[-1]
+        x = x.reshape(-1, x.shape[-1])
+        targets = ids[:, 1:].reshape(-1)
+        weights = ops.ones(targets.shape, ms.float32)
+        if not self.training:
+            loss = self.eval_loss(x, self.model.head_weight(), targets, weights)
+            return loss * grad_scale, loss
+        scaled, loss, _, _ = self.train_loss(x, self.model.head_weight(), targets, weights, grad_scale)
+        return scaled, loss
+
+
+def chunk_bounds(tokens, chunk):
+    """[(start, end)] covering `tokens` in pieces of at most `chunk`."""
+    return [(s, min(s + chunk, tokens)) for s in range(0, tokens, chunk)]
+
+
+class _ChunkMath(nn.Cell):
+    """Per chunk of float32 logits: (ce per token, coef · (softmax − onehot)). One fused CPU kernel, else MindSpore
+    ops (the max-shifted softmax; the onehot term scattered into the gradient rather than built)."""
+
+    def __init__(self, backend, with_grad):
+        super().__init__()
+        name = "softmax_cross_entropy" if with_grad else "softmax_cross_entropy_loss"
+        self.kernel = backend.kernel(name)
+        self.fused = self.kernel is not None
+
+    def loss_and_grad(self, logits, targets, coef):
+        if self.fused:
+            return self.kernel(logits, targets, coef)
+        m = ops.amax(logits, -1, True)
+        e = ops.exp(logits - m)
+        s = e.sum(-1, keepdims=True)
+        t = targets.reshape(-1, 1)
+        ce = (ops.log(s) + m - ops.gather_elements(logits, 1, t)).reshape(-1)
+        c = coef.reshape(-1, 1)
+        # (ops.zeros_like inside a Cell with a custom bprop fails to compile in MindSpore 2.10: broadcast instead)
+        grad = ops.tensor_scatter_elements(e * (c / s), t, ops.broadcast_to(-c, t.shape), 1, "add")
+        return ce, grad
+
+    def loss(self, logits, targets):
+        if self.fused:
+            return self.kernel(logits, targets)
+        m = ops.amax(logits, -1, True)
+        lse = ops.log(ops.exp(logits - m).sum(-1, keepdims=True)) + m
+        return (lse - ops.gather_elements(logits, 1, targets.reshape(-1, 1))).reshape(-1)
+
+
+class ChunkedCrossEntropy(nn.Cell):
+    """(x (N, h) compute dtype, head weight (V, h) float32, targets (N,) int32, token weights (N,) float32,
+    grad_scale ()) → (grad_scale · loss, loss, dx, dweight), loss = Σ w·ce / Σ w in float32, over `chunk` tokens at
+    a time. Differentiate the first output; dx and dweight are the gradients of grad_scale · loss, returned
+    for the Cell's own backward."""
+
+    def __init__(self, chunk, compute_dtype=ms.float32, backend=PORTABLE):
+        super().__init__()
+        self.chunk, self.dtype = chunk, compute_dtype
+        self.math = _ChunkMath(backend, with_grad=True)
+        self.logits_mm = ops.MatMul(transpose_b=True)  # x_c @ Wᵀ
+        self.dx_mm = ops.MatMul()  # dlogits @ W
+        self.dw_mm = ops.MatMul(transpose_a=True)  # dlogitsᵀ @ x_c
+
+    def construct(self, x, weight, targets, token_weights, grad_scale):
+        w = weight.astype(self.dtype)
+        denom = token_weights.sum()
+        denom = denom + (denom == 0).astype(ms.float32)  # all masked: loss 0, gradients 0
+        coef = token_weights * (grad_scale / denom)
+        total = ops.zeros((), ms.float32)
+        dweight = ops.zeros(weight.shape, ms.float32)
+        dx = ()
+        for start, end in chunk_bounds(x.shape[0], self.chunk):
+            xc = x[start:end]
+            if start:  # the previous chunk is done before this one's logits exist: one chunk's memory at a time
+                xc = ops.depend(ops.depend(xc, dweight), dx[-1])
+            logits = self.logits_mm(xc, w).astype(ms.float32)
+            ce, dlogits = self.math.loss_and_grad(logits, targets[start:end], coef[start:end])
+            total = total + (ce * token_weights[start:end]).sum()
+            dlogits = dlogits.astype(self.dtype)
+            dx = dx + (self.dx_mm(dlogits, w),)
+            dweight = dweight + self.dw_mm(dlogits, xc).astype(ms.float32)
+        loss = total / denom
+        return loss * grad_scale, loss, ops.concat(dx, 0), dweight
+
+    def bprop(self, x, weight, targets, token_weights, grad_scale, out, dout):
+        d = dout[0]  # 1 when the first output is the one differentiated
+        return out[2] * d.astype(out[2].dtype), out[3] * d, targets * 0, token_weights * 0, grad_scale * 0
+
+
+class ChunkedCrossEntropyLoss(nn.Cell):
+    """Forward only (evaluation): Σ w·ce / Σ w over `chunk` tokens at a time, without the gradients."""
+
+    def __init__(self, chunk, compute_dtype=ms.float32, backend=PORTABLE):
+        super().__init__()
+        self.chunk, self.dtype = chunk, compute_dtype
+        self.math = _ChunkMath(backend, with_grad=False)
+        self.logits_mm = ops.MatMul(transpose_b=True)
+
+    def construct(self, x, weight, targets, token_weights):
+        w = weight.astype(self.dtype)
+        denom = token_weights.sum()
+        denom = denom + (denom == 0).astype(ms.float32)
+        total = ops.zeros((), ms.float32)
+        for start, end in chunk_bounds(x.shape[0], self.chunk):
+            xc = x[start:end]
+            if start:
+                xc = ops.depend(xc, total)
+            ce = self.math.loss(self.logits_mm(xc, w).astype(ms.float32), targets[start:end])
+            total = total + (ce * token_weights[start:end]).sum()
+        return total / denom

@@ -1,0 +1,80 @@
+"""Dropout masks are a function of (seed, step, micro-batch, sample, site): reruns, resumes and cached graphs are
+exact with dropout on (ms_llm/nn/dropout.py). Resume at accumulation 2, kill -9, the 2-rank launch and cache reuse
+run with dropout 0.1 in their own tests (conftest.ACCUM2, test_compile_cache)."""
+import json
+import os
+
+import numpy as np
+import pytest
+
+from conftest import ACCUM2, ROOT, tiny_train_args, train_ok
+
+
+def mask(shape, key, site=0, p=0.25):
+    import mindspore as ms
+    from ms_llm.nn.dropout import keep_mask
+
+    return keep_mask(shape, ms.Tensor(np.array(key, np.int32)), site, p).asnumpy()
+
+
+def test_masks_keep_one_minus_p_and_change_with_seed_step_sample_and_site(pynative):
+    base = mask((8, 64, 32), [1337, 5, 0, 0, 1])
+    assert abs(base.mean() - 0.75) < 0.01
+    assert np.array_equal(base, mask((8, 64, 32), [1337, 5, 0, 0, 1]))  # a function of its key, nothing else
+    for other in ([7, 5, 0, 0, 1], [1337, 6, 0, 0, 1], [1337, 5, 1, 0, 1], [1337, 5, 0, 1, 2]):
+        agree = (mask((8, 64, 32), other) == base).mean()
+        assert 0.55 < agree < 0.70, (other, agree)  # independent masks agree on p² + (1-p)² = 62.5% of elements
+    assert 0.55 < (mask((8, 64, 32), [1337, 5, 0, 0, 1], site=1) == base).mean() < 0.70
+    rows = mask((8, 64, 32), [1337, 5, 0, 0, 1]).reshape(8, -1)
+    assert len({r.tobytes() for r in rows}) == 8  # every sample its own mask
+
+
+def test_a_sample_gets_the_same_mask_whatever_the_split_of_its_step(pynative):
+    """The global batch of 8, as one micro-batch of 8, two of 4, or 2 ranks × two micro-batches of 2: each sample's
+    mask is the same (the sample's position in the step is (micro · B + row) · dp + rank)."""
+    whole = mask((8, 16), [3, 9, 0, 0, 1])
+    halves = np.concatenate([mask((4, 16), [3, 9, m, 0, 1]) for m in range(2)])
+    assert np.array_equal(whole, halves)
+    order = [(m * 2 + j) * 2 + r for r in range(2) for m in range(2) for j in range(2)]
+    ranks = np.concatenate([mask((2, 16), [3, 9, m, r, 2]) for r in range(2) for m in range(2)])
+    assert np.array_equal(whole[order], ranks)
+
+
+@pytest.mark.slow
+def test_the_step_keys_every_micro_batch_and_every_step(dataset):
+    """Inside the compiled step the key moves: the two micro-batches of a step, given the same samples, draw other
+    masks (other losses), and so does the next step; without dropout the same samples give the same loss."""
+    from ms_llm.config import load_config
+    from ms_llm.train.session import open_session
+    from ms_llm.train.step_runner import StepRunner
+
+    args = tiny_train_args(dataset, "unused", *ACCUM2, "--set", "context.compile_cache=false")
+    sets = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+
+    def accumulated(extra):
+        cfg = load_config(os.path.join(ROOT, "configs", "shakespeare_char.yaml"), sets + extra)
+        s = open_session(cfg, echo=lambda *a: None)
+        runner = StepRunner(s, use_compile_cache=False)
+        b = s.next_batches()[0]
+        step_1 = float(runner.step([b, b]).loss.asnumpy())
+        first = float(s.step_fn.accumulate(b).asnumpy())  # micro-batch 0 of step 2
+        second = float(s.step_fn.accumulate(b).asnumpy())  # micro-batch 1 of step 2 (no update in between)
+        return step_1, first, second
+
+    step_1, first, second = accumulated([])
+    assert first != second and step_1 not in (first, second)
+    _, plain_first, plain_second = accumulated(["model.dropout=0.0"])
+    assert plain_first == plain_second
+
+
+@pytest.mark.slow
+def test_two_cold_runs_with_dropout_log_the_same_losses(accum2_run, dataset, tmp_path, cache):
+    """The shared accumulation-2 run (dropout 0.1) trained again from scratch in a compile cache of its own."""
+    run, _ = accum2_run
+    train_ok(*tiny_train_args(dataset, tmp_path / "again", *ACCUM2), env=cache)
+
+    def logged(r):
+        return [(x["step"], x.get("loss"), x.get("val_loss")) for x in map(json.loads, open(os.path.join(r, "metrics.jsonl")))
+                if "loss" in x or "val_loss" in x]
+
+    assert len(logged(run)) > 60 and logged(tmp_path / "again") == logged(run)
