@@ -2,12 +2,17 @@
 
     python benchmarks/preference_shakespeare.py --workdir /tmp/pref_demo [--steps 60] [--pairs 400]
 
-1. Pairs made from data/tinyshakespeare.txt: a speech as the prompt, the reply that follows it in the play as
-   `chosen`, the same reply with its words shuffled as `rejected` (benchmarks/finetune_shakespeare.py's speeches).
-2. The ChatML tokenizer and the random Qwen2.5-shaped model of benchmarks/finetune_shakespeare.py, converted with
-   `ms-llm convert --from-hf`.
-3. `ms-llm preprocess --format preference`, then DPO (full fine-tuning) and SimPO with LoRA from the converted
-   checkpoint, and `ms-llm diagnose` on each run; the script prints each command and the last metrics.
+1. The SFT model: the random Qwen2.5-shaped model and ChatML tokenizer of benchmarks/finetune_shakespeare.py,
+   converted with `ms-llm convert --from-hf` and fine-tuned on its chat data (full fine-tuning, as that demo does).
+2. Pairs made from data/tinyshakespeare.txt: a speech as the prompt, the reply that follows it in the play as
+   `chosen`, the same reply with its words shuffled as `rejected`. Training pairs come from the first 80% of the
+   speeches, held-out pairs from the last 20% (no speech in both).
+3. `ms-llm preprocess --format preference`, then DPO (full fine-tuning) and SimPO with LoRA from the SFT model, and
+   `ms-llm diagnose` on each run; the LoRA run is exported with `ms-llm convert --merge-lora`.
+4. The held-out pairs as an lm-eval multiple-choice task (context: the rendered prompt; choices: the chosen and the
+   rejected reply as the assistant's turn), evaluated with `ms-llm eval` on the random base, the SFT model and
+   each exported model: `acc` is the share of pairs whose chosen reply gets the higher log-probability, `acc_norm`
+   the same per byte.
 """
 import argparse
 import json
@@ -20,20 +25,76 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import finetune_shakespeare as ft  # noqa: E402
 
 
-def write_pairs(path, n, seed=7):
+TRAIN_PART, HELD_OUT_PART = (0.0, 0.8), (0.8, 1.0)  # shares of the speeches: disjoint, so held out is unseen
+TASK = "shakespeare_preference_heldout"
+TASK_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{context}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: 0
+target_delimiter: ""
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+  - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def pairs(n, seed, part):
     """n pairs: the prompt a speech, chosen the reply the play gives it, rejected the same reply with its words in a
     random order (the same tokens, mostly: what separates the two is word order, which the model has to learn)."""
     rng = random.Random(seed)
-    recs = ft.conversations(n, 1, 80, seed=seed)
+    out = []
+    for r in ft.conversations(n, 1, 80, seed=seed, part=part):
+        words = r["messages"][1]["content"].split()
+        shuffled = words[:]
+        while shuffled == words and len(set(words)) > 1:
+            rng.shuffle(shuffled)
+        out.append({"prompt": r["messages"][0]["content"], "chosen": " ".join(words), "rejected": " ".join(shuffled)})
+    return out
+
+
+def write_jsonl(path, rows):
     with open(path, "w", encoding="utf-8") as f:
-        for r in recs:
-            words = r["messages"][1]["content"].split()
-            shuffled = words[:]
-            while shuffled == words and len(set(words)) > 1:
-                rng.shuffle(shuffled)
-            f.write(json.dumps({"prompt": r["messages"][0]["content"], "chosen": " ".join(words),
-                                "rejected": " ".join(shuffled)}) + "\n")
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
     return path
+
+
+def write_heldout_task(folder, rows, tokenizer):
+    """An lm-eval task of the held-out pairs, rendered with the tokenizer's chat template as preprocessing renders
+    them: the context is the prompt with the assistant's header, each choice the rest of the conversation."""
+    from ms_llm.data.templates import ChatTemplate, find_template
+
+    template = ChatTemplate.from_spec(find_template(tokenizer))
+    docs = []
+    for r in rows:
+        user = [{"role": "user", "content": r["prompt"]}]
+        context = template.render(user, add_generation_prompt=True)
+        choices = [template.render(user + [{"role": "assistant", "content": r[k]}])[len(context):]
+                   for k in ("chosen", "rejected")]
+        docs.append({"context": context, "choices": choices})
+    os.makedirs(folder, exist_ok=True)
+    data = write_jsonl(os.path.join(folder, TASK + ".jsonl"), docs)
+    with open(os.path.join(folder, TASK + ".yaml"), "w", encoding="utf-8") as f:
+        f.write(TASK_YAML.format(name=TASK, data=json.dumps(data)))
+    return folder
+
+
+def heldout_preference(ms_llm, task_dir, out, model_args):
+    """(acc, acc_norm) of `ms-llm eval` on the held-out task for one model."""
+    run(ms_llm + ["eval"] + model_args + ["--tasks", TASK, "--include-path", task_dir, "--output", out])
+    with open(out, encoding="utf-8") as f:
+        res = json.load(f)["results"][TASK]
+    return res["acc,none"], res["acc_norm,none"]
 
 
 def run(cmd, check=True):
@@ -59,24 +120,43 @@ def main():
     ap.add_argument("--workdir", default="/tmp/ms_llm_preference_demo")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--pairs", type=int, default=400)
+    ap.add_argument("--heldout-pairs", type=int, default=200)
     args = ap.parse_args()
     w = args.workdir
     os.makedirs(w, exist_ok=True)
     ms_llm = [sys.executable, "-m", "ms_llm.cli"]
     tok = ft.write_tokenizer(os.path.join(w, "tokenizer"))
-    pairs = write_pairs(os.path.join(w, "pairs.jsonl"), args.pairs)
     ft.write_random_qwen2(os.path.join(w, "hf_qwen2"))
     if not os.path.exists(os.path.join(w, "base", "config.yaml")):
         run(ms_llm + ["convert", "--from-hf", os.path.join(w, "hf_qwen2"), "--output", os.path.join(w, "base")])
-    run(ms_llm + ["preprocess", "--format", "preference", "--input", pairs, "--tokenizer", tok, "--seq-length", "383",
-                  "--output-dir", os.path.join(w, "data"), "--overwrite"])
-    run(ms_llm + ["data", "info", os.path.join(w, "data")])
-    common = ["--config", os.path.join(w, "base", "config.yaml"), "--set", f"data.dataset_dir={w}/data",
-              "--set", f"checkpoint.load_weights={w}/base/model.ckpt", "--set", "model.seq_length=383",
-              "--set", f"train.max_steps={args.steps}", "--set", "train.global_batch_size=8",
+    config = ["--config", os.path.join(w, "base", "config.yaml"), "--set", "train.global_batch_size=8",
               "--set", "train.micro_batch_size=8", "--set", "train.eval_interval=20", "--set", "train.eval_steps=4",
-              "--set", "train.log_interval=5", "--set", "train.warmup_steps=5", "--set", "train.weight_decay=0.0",
-              "--set", "train.loss_chunk_tokens=0", "--set", "monitor.report=false", "--set", "monitor.summary=false"]
+              "--set", "train.warmup_steps=5", "--set", "train.weight_decay=0.0", "--set", "monitor.report=false",
+              "--set", "monitor.summary=false"]
+
+    # 1. the SFT model: finetune_shakespeare.py's full fine-tuning on its chat data
+    sft = os.path.join(w, "runs", "sft")
+    sft_ckpt = os.path.join(sft, "checkpoints", "rank_0", "step_00000060.ckpt")
+    if not os.path.exists(sft_ckpt):
+        chat = ft.write_chat_jsonl(os.path.join(w, "chat.jsonl"), 600)
+        run(ms_llm + ["preprocess", "--format", "chat", "--input", chat, "--tokenizer", tok, "--seq-length", "256",
+                      "--output-dir", os.path.join(w, "chat_data"), "--overwrite"])
+        run(ms_llm + ["train"] + config + ["--set", f"data.dataset_dir={w}/chat_data", "--set", "model.seq_length=256",
+                                           "--set", f"checkpoint.load_weights={w}/base/model.ckpt",
+                                           "--set", "train.max_steps=60", "--set", "train.log_interval=10",
+                                           "--set", "train.lr=3e-3", "--run-dir", sft])
+
+    # 2. preference pairs, and the held-out ones as an lm-eval task
+    train_pairs = write_jsonl(os.path.join(w, "pairs.jsonl"), pairs(args.pairs, 7, TRAIN_PART))
+    task_dir = write_heldout_task(os.path.join(w, "tasks"), pairs(args.heldout_pairs, 8, HELD_OUT_PART), tok)
+    run(ms_llm + ["preprocess", "--format", "preference", "--input", train_pairs, "--tokenizer", tok,
+                  "--seq-length", "383", "--output-dir", os.path.join(w, "data"), "--overwrite"])
+    run(ms_llm + ["data", "info", os.path.join(w, "data")])
+
+    # 3. DPO and SimPO with LoRA from the SFT model
+    common = config + ["--set", f"data.dataset_dir={w}/data", "--set", f"checkpoint.load_weights={sft_ckpt}",
+                       "--set", "model.seq_length=383", "--set", f"train.max_steps={args.steps}",
+                       "--set", "train.log_interval=5", "--set", "train.loss_chunk_tokens=0"]
     runs = {"dpo": ["--set", "finetune.preference.loss=dpo", "--set", "finetune.preference.beta=0.1",
                     "--set", "train.lr=1e-3"],
             "simpo_lora": ["--set", "finetune.preference.loss=simpo", "--set", "finetune.preference.beta=2.0",
@@ -88,6 +168,21 @@ def main():
             run(ms_llm + ["train"] + common + sets + ["--run-dir", rd])
         last_metrics(rd)
         run(ms_llm + ["diagnose", rd], check=False)
+    lora_ckpt = os.path.join(w, "runs", "simpo_lora", "checkpoints", "rank_0", f"step_{args.steps:08d}.ckpt")
+    run(ms_llm + ["convert", "--merge-lora", lora_ckpt, "--output", os.path.join(w, "simpo_merged")])
+
+    # 4. held-out preference: the share of unseen pairs whose chosen reply each model finds more likely
+    models = {"random base": ["--checkpoint", os.path.join(w, "base", "model.ckpt"), "--tokenizer", tok],
+              "SFT model": ["--run-dir", sft],
+              "DPO (exported run checkpoint)": ["--run-dir", os.path.join(w, "runs", "dpo")],
+              "SimPO + LoRA (merged export)": ["--checkpoint", os.path.join(w, "simpo_merged", "model.ckpt"),
+                                               "--tokenizer", tok]}
+    scores = {name: heldout_preference(ms_llm, task_dir, os.path.join(w, "eval", name.split()[0] + ".json"), a)
+              for name, a in models.items()}
+    print(f"\nheld-out pairs ({args.heldout_pairs}): the share whose chosen reply has the higher log-probability")
+    print("| model | acc | acc_norm |\n|---|---|---|")
+    for name, (acc, acc_norm) in scores.items():
+        print(f"| {name} | {acc:.3f} | {acc_norm:.3f} |")
 
 
 if __name__ == "__main__":

@@ -40,15 +40,15 @@ def trl_dpo(hf_dir, tok_dir, pairs, loss_type, beta, steps, batch, lr, out_dir):
     return [e for e in trainer.state.log_history if "loss" in e]
 
 
-def sequence_logps(hf_dir, rows):
+def sequence_logps(hf_dir, rows, dtype="float32"):
     """(sums, token counts) of each pair's chosen and rejected response log-probs under the Hugging Face model in
-    float32, from ms_llm's samples [(ids, loss mask, segments)]: each sequence on its own, as TRL's batches hold
+    `dtype`, from ms_llm's samples [(ids, loss mask, segments)]: each sequence on its own, as TRL's batches hold
     them."""
     import numpy as np
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=getattr(torch, dtype))
     sums, counts = [], []
     for ids, mask, seg in rows:
         ids, mask, seg = (np.asarray(x) for x in (ids, mask, seg))
@@ -56,9 +56,9 @@ def sequence_logps(hf_dir, rows):
         for s in (1, 2):
             sel = seg == s
             x = torch.tensor(ids[sel][None].astype(np.int64))
-            m = torch.tensor(mask[sel][1:].astype(np.float32))
+            m = torch.tensor(mask[sel][1:]).to(model.dtype)
             with torch.no_grad():
-                lp = torch.log_softmax(model(x).logits[0, :-1].float(), -1).gather(-1, x[0, 1:, None])[:, 0]
+                lp = torch.log_softmax(model(x).logits[0, :-1], -1).gather(-1, x[0, 1:, None])[:, 0]
             pair_s.append(float((lp * m).sum()))
             pair_n.append(float(m.sum()))
         sums.append(pair_s)
@@ -85,7 +85,8 @@ def trl_simpo(chosen_avg, rejected_avg, beta, gamma):
 
 def main(argv):
     """argv: SPEC.json OUT.json. SPEC: {hf, tok, pairs, steps, batch, lr, runs: [{loss_type, beta}], simpo: {rows,
-    beta, gamma} or absent}; OUT: {loss_type: TRL's log_history, "simpo": the formula's loss and metrics}."""
+    beta, gamma} or absent}; OUT: {loss_type: TRL's log_history, "simpo": the formula's loss and metrics,
+    "float64": the first batch's mean chosen and rejected log-probs (`logps/...`) from a float64 forward}."""
     spec = json.loads(open(argv[0]).read())
     out = {}
     for run in spec["runs"]:
@@ -96,6 +97,10 @@ def main(argv):
         sums, counts = sequence_logps(spec["hf"], sp["rows"])
         out["simpo"] = trl_simpo([s[0] / n[0] for s, n in zip(sums, counts)],
                                  [s[1] / n[1] for s, n in zip(sums, counts)], sp["beta"], sp["gamma"])
+        # the exact answer the float32 log-probs of both sides are measured against (TRL's drift with the machine)
+        sums, _ = sequence_logps(spec["hf"], sp["rows"], "float64")
+        out["float64"] = {"logps/chosen": sum(s[0] for s in sums) / len(sums),
+                          "logps/rejected": sum(s[1] for s in sums) / len(sums)}
     with open(argv[1], "w") as f:
         json.dump(out, f)
 

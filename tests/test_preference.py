@@ -223,7 +223,7 @@ TRAIN = ["train.global_batch_size=4", "train.micro_batch_size=4", "train.warmup_
          "train.eval_interval=0", "train.eval_steps=1", "precision.loss_scale=none", "data.shuffle=false",
          "train.loss_chunk_tokens=0", "monitor.progress_bar=false", "monitor.summary=false", "monitor.report=false",
          "monitor.telemetry_interval_s=null"]
-STEPS = 3
+STEPS = 20  # the issue's parity length: the loss after 20 steps within 1e-3 of TRL's
 
 
 def train(model, data, run, *settings):
@@ -262,26 +262,34 @@ def dpo_run(model, dataset, tmp_path_factory):
     """DPO for STEPS steps, a checkpoint at step 2 (for the resume test)."""
     run = tmp_path_factory.mktemp("runs") / "dpo"
     out = train(model, dataset[0] / "data", run, "finetune.preference.loss=dpo", f"finetune.preference.beta={BETA}",
-                "checkpoint.save_interval=2")
+                "checkpoint.save_interval=2", f"checkpoint.keep_last={STEPS}")
     return run, out
 
 
-def compare(ours, theirs, what):
-    """Our first STEPS records against TRL's log: loss and metrics at step 1 within 1e-5 (log-probs: relative, they
-    are sums of ~80 float32 terms near -180, and TRL's own float32 head is 1e-5 off float64 there), the loss at every
-    step within 1e-3 (relative where it is above 1: IPO's starts at 1/(2β)² = 25)."""
+def compare(ours, theirs, what, exact):
+    """Our STEPS records against TRL's log: loss and rewards at step 1 within 1e-5, the rewards at every step within
+    5e-3 (they drift apart with the updates; a swapped sign is 0.2 off at step 2), the loss at every step
+    within 1e-3 (relative where it is above 1: IPO's starts at 1/(2β)² = 25). The log-probs at step 1 are sums of
+    ~80 float32 terms near -180: ours must be within 2e-6 (relative) of the float64 forward `exact`, and TRL's own
+    float32 within 1e-4 of it (its error varies with the machine: 1.5e-5 to 2.2e-5 measured), so that both sides
+    are shown to score the same tokens."""
     rows = []
     for k in ("loss",) + METRICS:
         a, b = ours[0][k], theirs[0][k]
-        tol = 2e-5 * abs(b) if k.startswith("logps/") else 1e-5
         rows.append((k, a, b))
-        assert abs(a - b) <= tol, f"{what} step 1 {k}: ours {a} TRL {b}"
+        if k.startswith("logps/"):
+            t = exact[k]
+            assert abs(a - t) <= 2e-6 * abs(t), f"{what} step 1 {k}: ours {a}, float64 {t}"
+            assert abs(b - t) <= 1e-4 * abs(t), f"{what} step 1 {k}: TRL {b}, float64 {t}"
+        else:
+            assert abs(a - b) <= 1e-5, f"{what} step 1 {k}: ours {a} TRL {b}"
     for i, (a, b) in enumerate(zip(ours, theirs), 1):
-        for k in METRICS[:4]:  # the rewards move as TRL's (a swapped sign moves them the other way)
-            assert abs(a[k] - b[k]) <= 2e-3, f"{what} step {i} {k}: ours {a[k]} TRL {b[k]}"
+        for k in METRICS[:4]:  # the rewards move as TRL's (a swapped sign moves them the other way: 0.124 vs -0.106)
+            assert abs(a[k] - b[k]) <= 5e-3, f"{what} step {i} {k}: ours {a[k]} TRL {b[k]}"
         assert abs(a["loss"] - b["loss"]) <= 1e-3 * max(1.0, abs(b["loss"])), \
             f"{what} step {i} loss: ours {a['loss']} TRL {b['loss']}"
     print(f"\n{what}: " + "; ".join(f"{k} {a:.6g} vs TRL {b:.6g}" for k, a, b in rows)
+          + "; float64 " + ", ".join(f"{k} {v:.6f}" for k, v in exact.items())
           + "; losses " + ", ".join(f"{a['loss']:.6f}/{b['loss']:.6f}" for a, b in zip(ours, theirs))
           + "; margins " + ", ".join(f"{a['rewards/margins']:.6f}/{b['rewards/margins']:.6f}"
                                      for a, b in zip(ours, theirs)))
@@ -294,7 +302,7 @@ def test_dpo_equals_trls_dpo_trainer(dpo_run, trl):
     assert len(ours) == STEPS and "reference log-probs" in out
     assert all(ours[0][k] == 0.0 for k in METRICS[:4])  # reference = policy's start: rewards exactly 0 at step 1
     assert ours[0]["loss"] == pytest.approx(np.log(2), abs=1e-7)
-    compare(ours, trl["sigmoid"], "dpo")
+    compare(ours, trl["sigmoid"], "dpo", trl["float64"])
 
 
 @pytest.mark.slow
@@ -303,7 +311,7 @@ def test_ipo_equals_trls_ipo(model, dataset, trl, tmp_path):
     train(model, dataset[0] / "data", run, "finetune.preference.loss=ipo", f"finetune.preference.beta={BETA}")
     ours = steps(run)
     assert ours[0]["loss"] == pytest.approx((1 / (2 * BETA)) ** 2, rel=1e-6)
-    compare(ours, trl["ipo"], "ipo")
+    compare(ours, trl["ipo"], "ipo", trl["float64"])
 
 
 @pytest.mark.slow
@@ -320,7 +328,8 @@ def test_simpo_equals_trls_cpo_simpo_loss(model, dataset, trl, tmp_path):
 @pytest.mark.slow
 def test_accumulation_and_resume_reproduce_the_run(model, dataset, dpo_run, tmp_path):
     """Accumulation 2 of micro-batches of 2 trains what micro-batches of 4 do (the loss is a mean over pairs); a
-    resume at step 2 finds the same reference (from checkpoint.load_weights' key) and logs step 3 as the run did."""
+    resume at step 2 finds the same reference (from checkpoint.load_weights' key) and logs steps 3 to STEPS as the run
+    did."""
     run, _ = dpo_run
     whole = steps(run)
     acc = tmp_path / "acc"
@@ -332,16 +341,17 @@ def test_accumulation_and_resume_reproduce_the_run(model, dataset, dpo_run, tmp_
     shutil.copytree(run, resumed)
     ck = resumed / "checkpoints" / "rank_0"
     for f in os.listdir(ck):
-        if f.startswith("step_00000003"):
+        if f.startswith("step_") and int(f[5:13]) > 2:
             os.remove(ck / f)
     (ck / "latest").write_text("step_00000002")
     code, out, err = cli("train", "--config", run / "config.yaml", "--run-dir", resumed, "--resume")
     assert code == 0, err + out[-2000:]
     assert "reference log-probs" in out and "from" in out.split("reference log-probs")[1].splitlines()[0]
     again = steps(resumed)
-    assert [r["step"] for r in again] == [1, 2, 3]
-    for k in ("loss",) + METRICS:
-        assert again[2][k] == pytest.approx(whole[2][k], abs=1e-6), k
+    assert [r["step"] for r in again] == list(range(1, STEPS + 1))
+    for a, b in zip(again[2:], whole[2:]):
+        for k in ("loss",) + METRICS:
+            assert a[k] == pytest.approx(b[k], abs=1e-6), (a["step"], k)
 
 
 @pytest.mark.slow
