@@ -176,6 +176,19 @@ def test_lr_too_high_divergence_names_lr(tmp_path):
     assert any("grad_norm" in e for e in f.evidence)
 
 
+def test_a_climb_that_came_back_down_is_an_instability_not_a_divergence(tmp_path):
+    """The same rise as above, but the loss comes back to where it was: the evidence must not say it stayed up."""
+    recs = train_only(healthy())
+    for r in recs:
+        if 600 < r["step"] <= 800:
+            r["loss"] = 2.4 + 0.01 * min(r["step"] - 600, 800 - r["step"])  # up to 3.4, below ln V
+    run = write_run(tmp_path / "back", recs, ["train.lr=3e-2"])
+    f = finding(run, "divergence")
+    assert f.severity == "warning" and "came back by step" in f.symptom and f.steps[0] == 650
+    assert not any("stayed above" in e for e in f.evidence)
+    assert any("and came back to" in e and "at the end" in e for e in f.evidence)
+
+
 # --- 3. loss not falling ----------------------------------------------------------------------------------
 
 def test_flat_loss_at_ln_vocab_suggests_overfit(tmp_path):

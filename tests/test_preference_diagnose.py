@@ -83,3 +83,30 @@ def test_rewards_not_zero_at_step_one_is_a_reference_mismatch_and_names_dropout(
     f = found(preference_run(tmp_path / "m", off, overrides=["model.dropout=0.1"]))["reference_mismatch"]
     assert "dropout" in f.causes[0] and f.confidence == "high" and f.steps == [1]
     assert "reference_mismatch" not in found(preference_run(tmp_path / "m2", healthy))
+
+
+def test_the_chosen_log_prob_falling_in_the_first_log_interval_is_read_from_the_rewards(tmp_path):
+    """A fall before the first logged window (logps/chosen already low at the first records, flat after) is seen in
+    rewards/chosen / β, the log-ratio to the policy's start; the rejected ones are measured from the start too."""
+    def fast(step):
+        k = min(1.0, step / 10)
+        return dict(healthy(step), **{"logps/chosen": -120.0 - 70 * k, "logps/rejected": -125.0 - 130 * k,
+                                      "rewards/chosen": -7.0 * k, "rewards/rejected": -13.0 * k,
+                                      "rewards/margins": 6.0 * k, "rewards/accuracies": 0.9})
+    f = found(preference_run(tmp_path / "f", fast, log_interval=10, steps=200))["likelihood_displacement"]
+    assert any("below the policy's start" in e and "-70 nats" in e for e in f.evidence)
+    assert any("fell faster" in e for e in f.evidence) and f.confidence == "high"
+
+
+def test_a_preference_loss_is_not_judged_on_cross_entropy_levels(tmp_path):
+    """DPO's loss near 0 (pairs separated) and IPO's at 1/(2β)² = 25 are healthy; read as cross-entropy they would be
+    'loss too low to be real', 'above ln(vocab)' or 'stuck'."""
+    def separated(step):
+        return dict(healthy(step), loss=0.693 * 0.97 ** step + 0.01)
+    def ipo(step):
+        return dict(healthy(step), loss=25.0 - 0.002 * step)
+    cross_entropy = {"labels", "bad_start", "divergence", "loss_not_falling", "loss_plateau", "slow_progress",
+                     "underfitting"}
+    assert not cross_entropy & set(found(preference_run(tmp_path / "dpo", separated)))
+    assert not cross_entropy & set(found(preference_run(tmp_path / "ipo", ipo,
+                                                        overrides=["finetune.preference.loss=ipo"])))

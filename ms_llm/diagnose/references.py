@@ -29,7 +29,8 @@ NOT_TRAINING = ("monitor.", "context.", "checkpoint.save_interval", "checkpoint.
 
 
 def uniform_loss(run):
-    vocab = run.cfg("model.vocab_size")
+    """ln(vocab): the loss of a uniform guess, when the run's loss is cross-entropy (Run.token_loss), else None."""
+    vocab = run.cfg("model.vocab_size") if run.token_loss else None
     return math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
 
 
@@ -78,7 +79,10 @@ class Entropy:
 
 def unigram_entropy(run):
     """The unigram entropy (nats/token) of the run's training data, or None when it cannot be known. Every value
-    found is also remembered under the dataset's path, so a run diagnosed after its dataset moved still has it."""
+    found is also remembered under the dataset's path, so a run diagnosed after its dataset moved still has it.
+    None too when the run's loss is not cross-entropy (Run.token_loss): then it is no level of that loss."""
+    if not run.token_loss:
+        return None
     m = manifest(run)
     if m is None:  # the dataset is not here: the statistics the trainer copied into run_info.json, if any
         found = from_stats((run.info.get("dataset") or {}).get("stats"), "run_info.json (the dataset's {} statistics)")
@@ -111,7 +115,10 @@ def unigram_entropy(run):
 
 def split_entropy(run, split):
     """The unigram entropy of one split ("train", "val") as an Entropy, from the manifest (or the copy of its
-    statistics in run_info.json), or None. Only what preprocessing measured: no counting here."""
+    statistics in run_info.json), or None (also when the run's loss is not cross-entropy: Run.token_loss). Only what
+    preprocessing measured: no counting here."""
+    if not run.token_loss:
+        return None
     m = manifest(run)
     stats = (m or {}).get("stats") if m else (run.info.get("dataset") or {}).get("stats")
     h = ((stats or {}).get(split) or {}).get("unigram_entropy_nats")

@@ -87,7 +87,7 @@ def examine(run):
           if finite(r.get("grad_norm")) and (stop is None or r["step"] < stop)]
     vals = [v for _, v in gn]
     blowup = len(gn) >= 6 and statistics.median(vals[-3:]) > EXPLODE_FACTOR * early_median(vals)
-    vocab = run.cfg("model.vocab_size")
+    vocab = run.cfg("model.vocab_size") if run.token_loss else None  # ln V is a level of cross-entropy only
     uniform = math.log(vocab) if isinstance(vocab, int) and vocab > 1 else None
     first = run.train[0] if run.train else {}
     start = judge_start(first.get("initial_loss"), vocab, fresh=not run.cfg("checkpoint.load_weights"))

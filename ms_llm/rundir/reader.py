@@ -64,6 +64,15 @@ class Run:
         return build_section(name, SECTIONS[name], readable)
 
     @property
+    def token_loss(self):
+        """Whether the logged loss is next-token cross-entropy (nats per token), of which ln(vocab), the unigram
+        entropy and "natural text never gets this low" are levels. A preference objective's loss is not: DPO's
+        -log σ(β·margin) nears 0 on pairs it separates, IPO's starts at 1/(2β)² (25 at β 0.1), so no rule may
+        read those levels into it."""
+        return not (self.cfg("finetune.preference") or self.cfg("data.format") == "preference"
+                    or any("rewards/margins" in r for r in self.train))
+
+    @property
     def max_steps(self):
         return self.cfg("train.max_steps")
 

@@ -79,6 +79,8 @@ def rule_nonfinite_val(run):
 def initial_start(run):
     """The judged loss before any update (ms_llm.rundir.start), from the first log record's initial_loss; None
     for runs that did not record it (before it was recorded, or resumed past it)."""
+    if not run.token_loss:
+        return None  # judged against ln(vocab): a level of cross-entropy, not of a preference loss
     first = run.train[0] if run.train else {}
     return judge_start(first.get("initial_loss"), run.cfg("model.vocab_size"),
                        fresh=not run.cfg("checkpoint.load_weights"))
@@ -158,11 +160,16 @@ def rule_divergence(run, found, _):
         ev.append(f"loss {g(above[0][1])} at step {above[0][0]} is above ln(vocab) = {g(uniform)}, the loss of a "
                   f"uniform prediction the model starts from: the first updates made it worse"
                   + (f" (the loss before any update was {g(start.loss)})" if start else ""))
+    back = None  # the first smoothed record after the peak at or below the line: the climb came back down
     if onset is not None:
         peak = max((p for p in pts if p[0] >= onset), key=lambda p: p[1])
-        ev.append(f"loss (median of {SMOOTH} records) fell to {g(best[1])} at step {best[0]}, then stayed above "
-                  f"{g(line_above(best[1]))} from step {onset} on, up to {g(peak[1])} "
-                  f"at step {peak[0]}")
+        line = line_above(best[1])
+        back = next((p for p in pts if p[0] > peak[0] and p[1] <= line), None)
+        ev.append(f"loss (median of {SMOOTH} records) fell to {g(best[1])} at step {best[0]}, then "
+                  + (f"climbed above {g(line)} from step {onset}, up to {g(peak[1])} at step {peak[0]}, and came "
+                     f"back to {g(back[1])} by step {back[0]} ({g(pts[-1][1])} at the end, step {pts[-1][0]})"
+                     if back else f"stayed above {g(line)} from step {onset} on, up to {g(peak[1])} at step "
+                                  f"{peak[0]}"))
     if vals:
         top = max(gn, key=lambda p: p[1])
         ev.append(f"grad_norm: median {g(early_median(vals))} early, {g(top[1])} at step {top[0]} "
@@ -196,6 +203,9 @@ def rule_divergence(run, found, _):
         "--set train.beta2=0.95 (faster-adapting second moment, the usual LLM setting)",
         "--set monitor.tensor_stats.every=50 (which layers' gradients grow)"]
     step, text = symptom(d)
+    if back and not (above or blowup):  # an instability the run recovered from: worth fixing, not fatal
+        text = f"training was unstable from step {step}: the loss climbed and came back by step {back[0]}"
+        return [Finding("divergence", "warning", text, ev, causes, actions, [step, back[0]])]
     return [Finding("divergence", "error", text, ev, causes, actions, [step])]
 
 
@@ -205,6 +215,8 @@ def rule_divergence(run, found, _):
 # --- suspicious labels ------------------------------------------------------------------------------
 
 def rule_labels(run, found, _):
+    if not run.token_loss:
+        return None  # every level below (near 0, ln V, a val gap in nats) is one of next-token cross-entropy
     pts, evals = curve(run), points(run.evals, "val_loss")
     zero = next(((s, v) for s, v in pts if v < ZERO_LOSS), None)
     ev, causes, steps = [], [], []

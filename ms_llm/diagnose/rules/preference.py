@@ -61,6 +61,16 @@ def ends(pts):
     return statistics.median(vals[:WINDOW]), statistics.median(vals[-WINDOW:])
 
 
+def start_ratio(run, which="chosen"):
+    """log π(y) − log π_start(y) of the `which` responses at the end of a run whose reference is its starting point
+    (DPO, IPO): the median of the last records' rewards/<which> / β, in nats; None without a reference (SimPO) or
+    those records."""
+    rewards = points(run.train, f"rewards/{which}")
+    if objective(run) not in ("dpo", "ipo") or len(rewards) < MIN_RECORDS or beta(run) <= 0:
+        return None
+    return statistics.median(v for _, v in rewards[-WINDOW:]) / beta(run)
+
+
 def rule_displacement(run, found, _):
     chosen, margins = points(run.train, "logps/chosen"), points(run.train, "rewards/margins")
     if len(chosen) < MIN_RECORDS or len(margins) < MIN_RECORDS:
@@ -68,14 +78,25 @@ def rule_displacement(run, found, _):
     c0, c1 = ends(chosen)
     m0, m1 = ends(margins)
     drop = c0 - c1
-    if not (drop > max(DISPLACE_DROP_ABS, DISPLACE_DROP_REL * abs(c0)) and m1 - m0 > DISPLACE_MARGIN):
-        return None
     ev = [f"logps/chosen (the chosen responses' log-prob under the policy) {g(c0)} → {g(c1)} (steps "
           f"{chosen[0][0]} → {chosen[-1][0]}), while rewards/margins rose {g(m0)} → {g(m1)}"]
+    ratio = start_ratio(run)
+    from_start = ratio is not None and -ratio > drop
+    if from_start:
+        # a fall within the first log interval is before the first window of logged log-probs; the rewards measure
+        # it from the start itself (the reference is the policy's start)
+        c0, drop, m0 = c1 - ratio, -ratio, min(m0, 0.0)
+        ev = [f"rewards/chosen / β = {g(ratio)} nats at the end (median of the last {WINDOW} records): the chosen "
+              f"responses' log-prob is {g(-ratio)} below the policy's start (the reference), {g(c0)} → {g(c1)}; "
+              f"rewards/margins rose from 0 to {g(m1)}"]
+    if not (drop > max(DISPLACE_DROP_ABS, DISPLACE_DROP_REL * abs(c0)) and m1 - m0 > DISPLACE_MARGIN):
+        return None
     rejected = points(run.train, "logps/rejected")
     both = False
     if len(rejected) >= MIN_RECORDS:
         r0, r1 = ends(rejected)
+        fell = start_ratio(run, "rejected") if from_start else None
+        r0 = r1 - fell if fell is not None else r0  # measured from the start, as the chosen ones are
         both = r0 - r1 > drop
         ev.append(f"logps/rejected {g(r0)} → {g(r1)}: " + ("it fell faster, so the margin grows by pushing both "
                                                           "down" if both else "it fell less than the chosen one"))
