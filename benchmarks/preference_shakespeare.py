@@ -90,11 +90,15 @@ def write_heldout_task(folder, rows, tokenizer):
 
 
 def heldout_preference(ms_llm, task_dir, out, model_args):
-    """(acc, acc_norm) of `ms-llm eval` on the held-out task for one model."""
-    run(ms_llm + ["eval"] + model_args + ["--tasks", TASK, "--include-path", task_dir, "--output", out])
+    """`ms-llm eval` on the held-out task for one model: {acc, acc_norm, the mean log-prob of the chosen replies,
+    the mean margin log p(chosen) - log p(rejected)} (the last two from the per-pair answers, --log-samples)."""
+    run(ms_llm + ["eval"] + model_args + ["--tasks", TASK, "--include-path", task_dir, "--output", out,
+                                          "--log-samples"])
     with open(out, encoding="utf-8") as f:
-        res = json.load(f)["results"][TASK]
-    return res["acc,none"], res["acc_norm,none"]
+        res = json.load(f)
+    lls = [[c[0] for c in s["filtered_resps"]] for s in res["samples"][TASK]]
+    return {"acc": res["results"][TASK]["acc,none"], "acc_norm": res["results"][TASK]["acc_norm,none"],
+            "chosen": sum(c for c, _ in lls) / len(lls), "margin": sum(c - r for c, r in lls) / len(lls)}
 
 
 def run(cmd, check=True):
@@ -169,7 +173,8 @@ def main():
         last_metrics(rd)
         run(ms_llm + ["diagnose", rd], check=False)
     lora_ckpt = os.path.join(w, "runs", "simpo_lora", "checkpoints", "rank_0", f"step_{args.steps:08d}.ckpt")
-    run(ms_llm + ["convert", "--merge-lora", lora_ckpt, "--output", os.path.join(w, "simpo_merged")])
+    if not os.path.exists(os.path.join(w, "simpo_merged", "config.yaml")):
+        run(ms_llm + ["convert", "--merge-lora", lora_ckpt, "--output", os.path.join(w, "simpo_merged")])
 
     # 4. held-out preference: the share of unseen pairs whose chosen reply each model finds more likely
     models = {"random base": ["--checkpoint", os.path.join(w, "base", "model.ckpt"), "--tokenizer", tok],
@@ -179,11 +184,12 @@ def main():
                                                "--tokenizer", tok]}
     scores = {name: heldout_preference(ms_llm, task_dir, os.path.join(w, "eval", name.split()[0] + ".json"), a)
               for name, a in models.items()}
-    print(f"\nheld-out pairs ({args.heldout_pairs}): the share whose chosen reply has the higher log-probability")
-    print("| model | acc | acc_norm |\n|---|---|---|")
-    for name, (acc, acc_norm) in scores.items():
-        print(f"| {name} | {acc:.3f} | {acc_norm:.3f} |")
-
+    print(f"\nheld-out pairs ({args.heldout_pairs}): acc, the share whose chosen reply has the higher log-probability "
+          f"(acc_norm: per byte); the mean log-prob of the chosen replies; the mean margin log p(chosen) - log p("
+          f"rejected)")
+    print("| model | acc | acc_norm | log p(chosen) | margin |\n|---|---|---|---|---|")
+    for name, r in scores.items():
+        print(f"| {name} | {r['acc']:.3f} | {r['acc_norm']:.3f} | {r['chosen']:.1f} | {r['margin']:.1f} |")
 
 if __name__ == "__main__":
     main()
