@@ -27,25 +27,6 @@ import finetune_shakespeare as ft  # noqa: E402
 
 TRAIN_PART, HELD_OUT_PART = (0.0, 0.8), (0.8, 1.0)  # shares of the speeches: disjoint, so held out is unseen
 TASK = "shakespeare_preference_heldout"
-TASK_YAML = """task: {name}
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {data}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{context}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: 0
-target_delimiter: ""
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-  - metric: acc_norm
-    aggregation: mean
-    higher_is_better: true
-"""
 
 
 def pairs(n, seed, part):
@@ -73,6 +54,7 @@ def write_heldout_task(folder, rows, tokenizer):
     """An lm-eval task of the held-out pairs, rendered with the tokenizer's chat template as preprocessing renders
     them: the context is the prompt with the assistant's header, each choice the rest of the conversation."""
     from ms_llm.data.templates import ChatTemplate, find_template
+    from ms_llm.eval.demo_task import multiple_choice_yaml
 
     template = ChatTemplate.from_spec(find_template(tokenizer))
     docs = []
@@ -81,11 +63,11 @@ def write_heldout_task(folder, rows, tokenizer):
         context = template.render(user, add_generation_prompt=True)
         choices = [template.render(user + [{"role": "assistant", "content": r[k]}])[len(context):]
                    for k in ("chosen", "rejected")]
-        docs.append({"context": context, "choices": choices})
+        docs.append({"context": context, "choices": choices, "label": 0})
     os.makedirs(folder, exist_ok=True)
     data = write_jsonl(os.path.join(folder, TASK + ".jsonl"), docs)
     with open(os.path.join(folder, TASK + ".yaml"), "w", encoding="utf-8") as f:
-        f.write(TASK_YAML.format(name=TASK, data=json.dumps(data)))
+        f.write(multiple_choice_yaml(TASK, data, "benchmarks/preference_shakespeare.py"))
     return folder
 
 
