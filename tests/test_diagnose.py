@@ -608,6 +608,23 @@ def test_the_profiled_window_is_not_uneven_throughput(tmp_path):
     assert "throughput_uneven" in ids(write_run(tmp_path / "noprof", [r for r in recs if "event" not in r]))
 
 
+def test_time_in_monitor_hooks_is_not_uneven_throughput(tmp_path):
+    """Records slowed by a hook (hooks_s: a tensor-statistics pass of 10 s every 200 steps) are the wall-time rule's;
+    the steps themselves ran at the median speed. The same slow records without hooks_s are uneven."""
+    def recs(with_hooks):
+        out = timed(healthy())
+        for r in train_only(out):
+            r["interval_s"] = 2.5  # 50 steps of 50 ms
+            if r["step"] % 200 == 0:
+                r["tokens_per_s"] *= 2.5 / 12.5
+                r["interval_s"] = 12.5
+                if with_hooks:
+                    r["hooks_s"] = {"TensorStats": 10.0, "NanWatch": 0.002}
+        return out
+    assert "throughput_uneven" not in ids(write_run(tmp_path / "hooks", recs(True)))
+    assert "throughput_uneven" in ids(write_run(tmp_path / "stalls", recs(False)))
+
+
 def test_hot_devices_and_throttling_that_coincides_with_slow_steps(tmp_path):
     recs = saw_toothed()
     run = write_run(tmp_path / "hot", recs, info={"device": {"target": "Ascend", "cpu_count": 192}})

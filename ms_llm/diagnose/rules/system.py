@@ -93,8 +93,26 @@ def waited_s(run, pts):
     return sum(v * seconds[s] for s, v in pts)
 
 
+def hook_seconds(run):
+    """{step: seconds} the monitor hooks took in each log record (hooks_s: a one-off compile of a probe's graph, a
+    statistics pass), which the wall-time rule prices; they are not the steps' speed."""
+    return {r["step"]: sum(v for v in r["hooks_s"].values() if finite(v)) for r in run.train
+            if isinstance(r.get("hooks_s"), dict)}
+
+
+def step_speed(run):
+    """(step, tokens/s) of the steady records with the hooks' time taken out where the record has its interval_s:
+    the speed of the steps themselves (a tensor-statistics compile in one record is not an uneven step)."""
+    seconds, hooks = record_seconds(run), hook_seconds(run)
+    out = []
+    for s, v in steady(run, "tokens_per_s"):
+        t, h = seconds.get(s), hooks.get(s, 0.0)
+        out.append((s, v * t / (t - h)) if t and 0 < h < t else (s, v))
+    return out
+
+
 def rule_uneven(run, found, _):
-    pts = steady(run, "tokens_per_s")
+    pts = step_speed(run)
     if len(pts) < SLOW_MIN_RECORDS:
         return None
     med = statistics.median(v for _, v in pts)
@@ -176,8 +194,9 @@ def rule_uneven(run, found, _):
 
 def lost_time(run, pts, med):
     """(seconds the records of `pts` lost against the median speed `med`, their seconds in all), from each record's
-    interval_s (the trainer's, pauses out) or else its tokens (steps × global batch × sequence); None if unknown."""
-    seconds = record_seconds(run)
+    interval_s (the trainer's, pauses out; the hooks' time out, as in step_speed) or else its tokens (steps × global batch × sequence); None if unknown."""
+    seconds, hooks = record_seconds(run), hook_seconds(run)
+    seconds = {s: t - hooks.get(s, 0.0) if 0 < hooks.get(s, 0.0) < t else t for s, t in seconds.items()}
     per_step = (run.cfg("train.global_batch_size", 0) or 0) * (run.cfg("model.seq_length", 0) or 0)
     steps = [r["step"] for r in run.train]
     previous = dict(zip(steps, [0] + steps[:-1]))
