@@ -100,15 +100,18 @@ def hook_seconds(run):
             if isinstance(r.get("hooks_s"), dict)}
 
 
+def step_seconds(run):
+    """{step: seconds} of each record's steps alone: its interval_s less its hooks' time (hook_seconds)."""
+    hooks = hook_seconds(run)
+    return {s: t - hooks.get(s, 0.0) if 0 < hooks.get(s, 0.0) < t else t for s, t in record_seconds(run).items()}
+
+
 def step_speed(run):
     """(step, tokens/s) of the steady records with the hooks' time taken out where the record has its interval_s:
     the speed of the steps themselves (a tensor-statistics compile in one record is not an uneven step)."""
-    seconds, hooks = record_seconds(run), hook_seconds(run)
-    out = []
-    for s, v in steady(run, "tokens_per_s"):
-        t, h = seconds.get(s), hooks.get(s, 0.0)
-        out.append((s, v * t / (t - h)) if t and 0 < h < t else (s, v))
-    return out
+    whole, steps = record_seconds(run), step_seconds(run)
+    return [(s, v * whole[s] / steps[s]) if s in whole and steps[s] > 0 else (s, v)
+            for s, v in steady(run, "tokens_per_s")]
 
 
 def rule_uneven(run, found, _):
@@ -195,8 +198,7 @@ def rule_uneven(run, found, _):
 def lost_time(run, pts, med):
     """(seconds the records of `pts` lost against the median speed `med`, their seconds in all), from each record's
     interval_s (the trainer's, pauses out; the hooks' time out, as in step_speed) or else its tokens (steps × global batch × sequence); None if unknown."""
-    seconds, hooks = record_seconds(run), hook_seconds(run)
-    seconds = {s: t - hooks.get(s, 0.0) if 0 < hooks.get(s, 0.0) < t else t for s, t in seconds.items()}
+    seconds = step_seconds(run)
     per_step = (run.cfg("train.global_batch_size", 0) or 0) * (run.cfg("model.seq_length", 0) or 0)
     steps = [r["step"] for r in run.train]
     previous = dict(zip(steps, [0] + steps[:-1]))
