@@ -44,7 +44,7 @@ def lr_reached(run):
 
 def clipping(run, before=None):
     """(share of records above clip_grad, median grad norm, coefficient of variation) or None."""
-    clip = run.cfg("train.clip_grad", 0)
+    clip = run.cfg("train.clip_grad")
     gn = [v for s, v in points(run.train, "grad_norm") if before is None or s < before]
     if not clip or len(gn) < 4:
         return None
@@ -75,11 +75,11 @@ def lr_experiment(run, steps=100):
     3x and at 1/3 of the LR from the config the run used, compared at the end. A list of actions."""
     from ms_llm.rundir.names import run_config_path
 
-    lr = run.cfg("train.lr", 1e-3)
-    min_lr = run.cfg("train.min_lr", 0.0)
+    lr = run.cfg("train.lr")
+    min_lr = run.cfg("train.min_lr")
     cfg = quoted(run_config_path(run.path))
     base = run.path.rstrip("/\\")
-    warm = run.cfg("train.warmup_steps", 0)
+    warm = run.cfg("train.warmup_steps")
     extra = f" --set train.warmup_steps={min(warm, steps // 10)}" if warm > steps // 10 else ""
     out, dirs = [], []
     for tag, f in (("lr_x3", 3.0), ("lr_x0.33", 1 / 3)):

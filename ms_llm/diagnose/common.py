@@ -115,7 +115,7 @@ def steps_text(steps, limit=10):
 
 
 def lr_actions(run):
-    lr, warm, n = run.cfg("train.lr", 1e-3), run.cfg("train.warmup_steps", 0), run.max_steps or 0
+    lr, warm, n = run.cfg("train.lr"), run.cfg("train.warmup_steps"), run.max_steps or 0
     return [f"--set train.lr={lr / 3:.2g} (a third of {g(lr)})",
             f"--set train.warmup_steps={max(2 * warm, n // 10, 100)} (now {warm})"]
 

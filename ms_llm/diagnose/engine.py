@@ -74,7 +74,7 @@ def diagnose(run_dir, device_memory=None, logs=None, benchmark=None):
             return run, sorted(rule_logs(run, {}, None), key=lambda f: SEVERITY_ORDER[f.severity])
         raise UserError(f"'{run_dir}/metrics.jsonl' holds no training records ({run.bad_lines} unreadable line(s)). "
                         f"The run stopped before its first log interval (train.log_interval = "
-                        f"{run.cfg('train.log_interval', '?')} steps) or the file is damaged; look at the run's "
+                        f"{run.cfg('train.log_interval')} steps) or the file is damaged; look at the run's "
                         f"logs/ and the console output of 'ms-llm train' for the error.")
     return run, apply_rules(run, RULES, memory_limit_gib(device_memory, run))
 

@@ -80,7 +80,7 @@ def variants(run):
                                                                         f"(what a save costs the loop)"))
     waits = [r.get("data_wait_frac") for r in run.train[1:] if isinstance(r.get("data_wait_frac"), (int, float))]
     if waits and sorted(waits)[len(waits) // 2] > 0.05:
-        n = run.cfg("data.num_workers", 1) or 1
+        n = run.cfg("data.num_workers") or 1
         out.append((f"readers {2 * n}", [f"data.num_workers={2 * n}"], f"data.num_workers {n} → {2 * n}"))
     return out
 

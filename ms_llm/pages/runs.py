@@ -40,8 +40,9 @@ class RunData:
     @property
     def tokens_per_step(self):
         """Tokens consumed per optimizer step (global batch × sequence length), None when the config lacks them."""
-        batch, seq = self.run.cfg("train.global_batch_size"), self.run.cfg("model.seq_length")
-        return batch * seq if isinstance(batch, int) and isinstance(seq, int) else None
+        if not (self.run.given("train.global_batch_size") and self.run.given("model.seq_length")):
+            return None
+        return self.run.cfg("train.global_batch_size") * self.run.cfg("model.seq_length")
 
     def scale(self, align):
         """Factor from steps to the x axis: 1 for steps, tokens per step for tokens (None: cannot align)."""

@@ -39,14 +39,38 @@ class Run:
     def final(self):
         return self.info.get("final") or {}
 
-    def cfg(self, dotted, default=None):
-        """`run.cfg("train.clip_grad")`: a config value by dotted key, `default` when absent or null."""
+    @property
+    def settings(self):
+        """The run's config as the typed schema (ms_llm.config.schema.Config): the run's values where they read as
+        this version's schema says, the schema's defaults for the rest. Every reader of a setting goes through here
+        (or `cfg`), so no reader restates a default of its own."""
+        key = id(self.config)
+        if getattr(self, "_settings", (None,))[0] != key:
+            from ms_llm.config.loader import SECTIONS
+            from ms_llm.config.schema import Config
+
+            self._settings = (key, Config(**{name: self.section(name) for name in SECTIONS}))
+        return self._settings[1]
+
+    def cfg(self, dotted):
+        """`run.cfg("train.clip_grad")`: a setting by dotted key, typed (`settings`); None where the schema's value is
+        null or an optional section is off."""
+        node = self.settings
+        for key in dotted.split("."):
+            node = getattr(node, key, None)
+            if node is None:
+                return None
+        return node
+
+    def given(self, dotted):
+        """Whether the run's own config states `dotted` (a log of another framework states only some settings; an
+        ms_llm run's config.yaml states every one)."""
         node = self.config
         for key in dotted.split("."):
             if not isinstance(node, dict) or node.get(key) is None:
-                return default
+                return False
             node = node[key]
-        return node
+        return True
 
     def section(self, name):
         """Section `name` of the run's config as its typed dataclass: the run's values where they read as this
@@ -59,7 +83,7 @@ class Run:
             try:
                 build_section(name, SECTIONS[name], {key: value})
                 readable[key] = value
-            except UserError:
+            except (UserError, TypeError, ValueError):
                 pass
         return build_section(name, SECTIONS[name], readable)
 

@@ -33,7 +33,7 @@ def host_cores(run):
 
 def record_windows(run):
     """(step, start time, end time) of each log record, from its wall-clock `time` and `ms_per_step`."""
-    interval = run.cfg("train.log_interval", 1)
+    interval = run.cfg("train.log_interval")
     out, prev = [], None
     for r in run.train:
         t, ms = r.get("time"), r.get("ms_per_step")
@@ -259,7 +259,7 @@ def rule_logs(run, found, _):
         ev = [f"{f}:{no}: {text}" for f, no, text in hits["oom"][:5]]
         recompute = run.cfg("recompute_config.recompute") or run.cfg("recompute_config.select_recompute")
         sharded = run.cfg("parallel_config.optimizer_shard")
-        micro = run.cfg("train.micro_batch_size", 1)
+        micro = run.cfg("train.micro_batch_size")
         causes = [cause("activations of the micro batch"
                         + (" (recompute is already on)" if recompute else " (no recompute)"), "high"),
                   cause("weights, gradients and AdamW states (16 bytes per parameter)"
@@ -299,7 +299,7 @@ def rule_speedup(run, found, _):
               cause("a straggler device or uneven load (see logs/rank_<r>.log)", "low")]
     actions = ["profile a window: --set monitor.profile.start_step=20 --set monitor.profile.stop_step=30 (the "
                "top-10 table shows the communication operators' share)",
-               f"--set train.micro_batch_size={2 * run.cfg('train.micro_batch_size', 1)} (more compute per "
+               f"--set train.micro_batch_size={2 * run.cfg('train.micro_batch_size')} (more compute per "
                f"all-reduce, if memory allows)", "check HCCL bandwidth between the devices (hccl_test)",
                "ms-llm plan --config <config> --devices N --search (layouts with less communication)"]
     return [Finding("poor_speedup", "warning", f"multi-device speedup {eff * world:.1f}x on {world} devices "

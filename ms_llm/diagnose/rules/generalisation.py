@@ -87,7 +87,7 @@ def overfitting_finding(run, evals, pts, rising, best, last, gaps, t_best, t_las
         + " is more than its size can take without overfitting", "high" if ep_best is not None else "medium")]
     if not run.cfg("model.dropout"):
         causes.append(cause("no regularisation: model.dropout = 0" + (
-            f", train.weight_decay = {g(run.cfg('train.weight_decay'))}" if run.cfg("train.weight_decay", 0) < 0.05
+            f", train.weight_decay = {g(run.cfg('train.weight_decay'))}" if run.cfg("train.weight_decay") < 0.05
             else ""), "medium"))
     if shift["data"]:
         ev.append(shift["data"])
@@ -98,7 +98,7 @@ def overfitting_finding(run, evals, pts, rising, best, last, gaps, t_best, t_las
                f"fewer epochs: --set train.max_steps={best[0]} (where validation was best)"]
     if not run.cfg("model.dropout"):
         actions.append("--set model.dropout=0.1")
-    wd = run.cfg("train.weight_decay", 0.0)
+    wd = run.cfg("train.weight_decay")
     actions.append(f"--set train.weight_decay={max(0.1, 2 * wd):.2g} (now {g(wd)})")
     ckpt = earlier_checkpoint(run, best[0])
     actions.append(f"use the checkpoint of step {ckpt[0]}: {ckpt[1]}" if ckpt else

@@ -149,7 +149,7 @@ def rule_resume(run, found, _):
 
 def started_there(run, f, n):
     """Whether finding `f` (spikes, divergence, a stall) starts within SHOWS_AT log intervals after step n."""
-    interval = run.cfg("train.log_interval", 1) or 1
+    interval = run.cfg("train.log_interval") or 1
     return any(isinstance(s, int) and n < s <= n + SHOWS_AT * interval for s in f.steps[:1])
 
 
@@ -190,7 +190,7 @@ def change_finding(run, r, fid, training, effects, found):
     line = f"{r.path}: {', '.join(c.text() for c in training)}; {effects[0][1]}"
     for k in ("loss_spikes", "divergence", "loss_nonfinite"):  # a jump: what starts right after the resume
         if k in found and (started_there(run, found[k], n) or (k == "loss_spikes" and any(
-                n < s <= n + SHOWS_AT * (run.cfg("train.log_interval", 1) or 1) for s in found[k].steps))):
+                n < s <= n + SHOWS_AT * (run.cfg("train.log_interval") or 1) for s in found[k].steps))):
             first(found[k], causes[0], actions[0], line)
     if kinds & {"rises", "stalled"}:  # a new slope: the progress judged over the run's late part is this one's
         for k in ("loss_plateau", "slow_progress", "loss_not_falling", "underfitting"):
@@ -216,14 +216,14 @@ def resume_finding(run, r, fid, effects, found):
     causes = [cause(f"the resume at step {n} itself: the config is the same, so state that did not come back as it "
                     f"was (the optimizer's moments, the loss scale, the data position or the RNG)", "medium"),
               cause("a run of bad batches right after the resume", "medium")]
-    actions = [f"train the same config without stopping to step {n + 3 * (run.cfg('train.log_interval', 1) or 1)} "
+    actions = [f"train the same config without stopping to step {n + 3 * (run.cfg('train.log_interval') or 1)} "
                f"and ms-llm compare-curves {quoted(run.path)} THAT_RUN: the same jump → the data; none → the resume",
                "check the resume's log line: the checkpoint step, consumed samples and loss scale it restored"]
     f = Finding(fid, "warning", f"the {what(effects)} at the resume at step {n} (the config did not change)",
                 [line for _, line in effects] + [f"{r.path}: no key differs from the config before it"], causes,
                 actions, [n])
     for k in ("loss_spikes", "divergence"):
-        if k in found and any(n < s <= n + SHOWS_AT * (run.cfg("train.log_interval", 1) or 1) for s in found[k].steps):
+        if k in found and any(n < s <= n + SHOWS_AT * (run.cfg("train.log_interval") or 1) for s in found[k].steps):
             first(found[k], causes[0], actions[0], effects[0][1])
     return f
 

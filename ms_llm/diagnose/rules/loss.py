@@ -180,12 +180,12 @@ def rule_divergence(run, found, _):
     if judged:
         ev.append(f"{judged[2]} [reference: {judged[3]}]")
     far = f": {judged[1]:,.0f}x the largest peak LR recipes use at this size" if judged and judged[0] == "high" else ""
-    clip = run.cfg("train.clip_grad", 0)
+    clip = run.cfg("train.clip_grad")
     loose = not clip or clip > 1
     sched, sched_actions, settings = causes_for(run, UNSTABLE)
     ev += settings
     strong = [c for c in sched if c.endswith("[confidence: high]")]
-    warm = run.cfg("train.warmup_steps", 0)
+    warm = run.cfg("train.warmup_steps")
     causes = strong + [cause(f"learning rate (LR) too high for this model and batch (train.lr = "
                              f"{g(run.cfg('train.lr'))}{far})", "medium" if strong and not far else "high"
                              if above or blowup or far else "medium"),
@@ -321,7 +321,7 @@ def rule_spikes(run, found, _):
         cause(f"LR near the edge of stability (train.lr = {g(run.cfg('train.lr'))})",
               "medium" if len(spikes) > 3 else "low"),
         cause(f"Adam's second moment adapting too slowly (train.beta2 = {run.cfg('train.beta2')})",
-              "medium" if run.cfg("train.beta2", 0) >= 0.999 else "low")]
+              "medium" if run.cfg("train.beta2") >= 0.999 else "low")]
     causes += [c for c in sched if not c.endswith("[confidence: high]")]
     if run.cfg("precision.compute_dtype") == "float16":
         causes.append(cause("float16 precision loss in attention logits or norms", "low"))

@@ -93,7 +93,7 @@ def rule_moe(run, found, _):
         return None
     any_recs = next(iter(windows.values()))
     share = aux_share(run, any_recs)
-    coef, zcoef = run.cfg("model.moe.aux_loss_coef", 0.0), run.cfg("model.moe.z_loss_coef", 0.0)
+    coef, zcoef = run.cfg("model.moe.aux_loss_coef"), run.cfg("model.moe.z_loss_coef")
     span = f"steps {any_recs[0][0]}-{any_recs[-1][0]} ({len(any_recs)} log records)"
     weak = share is not None and share < NEGLIGIBLE_AUX
     aux_txt = (f"aux_loss is {100 * share:.2g}% of the LM loss over {span} (model.moe.aux_loss_coef = {g(coef)}, "
@@ -129,7 +129,7 @@ def coef_action(coef):
 
 def router_init_cause(run):
     """(cause text, confidence) when the router was initialised much wider than the rest of the model, else None."""
-    std, base = run.cfg("model.moe.router_init_std"), run.cfg("model.init_std", 0.02)
+    std, base = run.cfg("model.moe.router_init_std"), run.cfg("model.init_std")
     if std == 0:
         return ("the router starts at zero (model.moe.router_init_std = 0): every expert ties for every token, so "
                 "the first steps' tie-breaks and gradients decide which experts get the tokens, and nothing moves "
@@ -170,7 +170,7 @@ def balance_actions(run, coef, zcoef):
         actions.append("--set model.moe.z_loss_coef=0.001 (ST-MoE's router z-loss keeps the router logits small, "
                        "so its decisions stay soft)")
     actions.append(f"a smaller learning rate slows the router too (ms_llm has one learning rate for all weights): "
-                   f"--set train.lr={run.cfg('train.lr', 1e-3) / 3:.2g}")
+                   f"--set train.lr={run.cfg('train.lr') / 3:.2g}")
     return actions
 
 
@@ -241,7 +241,7 @@ def drop_finding(run, e, k, fair, dropping, span):
                "--set model.moe.capacity_factor=null (dropless: no token dropped; costs padded compute on CPU, "
                "docs/moe.md)"]
     if worst_top >= IMBALANCE * fair:
-        actions.append(coef_action(run.cfg("model.moe.aux_loss_coef", 0.0)))
+        actions.append(coef_action(run.cfg("model.moe.aux_loss_coef")))
     return Finding("moe_tokens_dropped", "warning",
                    f"{100 * max(f for _, f, _ in dropping):.3g}% of tokens dropped at expert capacity", ev, causes,
                    actions)
@@ -262,7 +262,7 @@ def aux_large_finding(run, windows, share, coef, span):
           f"{SWITCH_COEF:g} gives well under 1%",
           f"load-balancing loss median {statistics.median(lbs):.3f} (1.0 = perfectly balanced): the balance it buys "
           f"is already there"]
-    clip = run.cfg("train.clip_grad", 0.0)
+    clip = run.cfg("train.clip_grad")
     gn = [r["grad_norm"] for _, r in recs if finite(r.get("grad_norm"))]
     if clip and gn:
         ev.append(f"grad_norm median {g(statistics.median(gn))} against train.clip_grad = {g(clip)}: clipping scales "

@@ -42,12 +42,19 @@ def preference_run(run):
     return bool(points(run.train, "rewards/margins"))
 
 
+def settings(run):
+    """finetune.preference, the schema's defaults when the section is null (DPO at beta 0.1, as training runs it)."""
+    from ms_llm.config.schema import PreferenceConfig
+
+    return run.cfg("finetune.preference") or PreferenceConfig()
+
+
 def objective(run):
-    return run.cfg("finetune.preference.loss", "dpo")
+    return settings(run).loss
 
 
 def beta(run):
-    return float(run.cfg("finetune.preference.beta", 0.1))
+    return float(settings(run).beta)
 
 
 def pair_stats(run):
@@ -229,8 +236,8 @@ def rule_reference_mismatch(run, found, _):
     ev = [f"at step 1, before any update, rewards/chosen = {g(rc)} and rewards/rejected = {g(rr)} (β · log-ratio to "
           f"the reference; 0 when the reference is the policy's start, here above {g(tol)})"]
     causes = []
-    dropout = run.cfg("model.dropout", 0.0) or 0.0
-    dtype = run.cfg("precision.compute_dtype", "float32")
+    dropout = run.cfg("model.dropout") or 0.0
+    dtype = run.cfg("precision.compute_dtype")
     if dropout > 0:
         ev.append(f"model.dropout = {g(dropout)}: the training forward drops activations, the reference pass "
                   f"(evaluation mode) does not")

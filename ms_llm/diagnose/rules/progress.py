@@ -48,7 +48,7 @@ def rule_progress(run, found, limit):
 
 def judge_progress(run):
     pts = curve(run)
-    warm, n = run.cfg("train.warmup_steps", 0), run.max_steps or 0
+    warm, n = run.cfg("train.warmup_steps"), run.max_steps or 0
     if len(pts) < MIN_RECORDS or pts[-1][0] < max(FLAT_MIN_STEPS, min(warm, n // 2 if n else warm)):
         return None
     uniform, h1 = uniform_loss(run), unigram_entropy(run)
@@ -137,7 +137,7 @@ def slow_finding(run, pts, late, tr, h1, uniform, ev):
         causes.append(cause(f"train.clip_grad = {g(run.cfg('train.clip_grad'))} too small: every update is clipped "
                             f"and the factor swings (variation {clip[2]:.2f})", "medium"))
     causes.append(cause("the run is still early for this model: the loss is still falling", "low"))
-    lr = run.cfg("train.lr", 1e-3)
+    lr = run.cfg("train.lr")
     if strong_sched:  # fix the schedule first; the LR itself is judged after that
         actions = sched_actions
     else:

@@ -31,7 +31,7 @@ def rule_underfitting(run, found, _):
         return None  # those explain a high loss first
     evals = points(run.evals, "val_loss")
     pts = curve(run)
-    warm, n = run.cfg("train.warmup_steps", 0), run.max_steps or 0
+    warm, n = run.cfg("train.warmup_steps"), run.max_steps or 0
     gate = max(SLOW_MIN_STEPS, 2 * min(warm, n // 4 if n else warm))
     h_val = split_entropy(run, "val")
     if len(evals) < MIN_EVALS or len(pts) < MIN_RECORDS or evals[-1][0] < gate or h_val is None:
@@ -49,7 +49,7 @@ def rule_underfitting(run, found, _):
     shift = shift_evidence(run, evals, pts, found)
     if shift["curve"] or shift["data"]:
         return None  # validation worse than unseen training batches, or measured apart: distribution_shift's
-    regularised = (run.cfg("model.dropout", 0.0) or 0.0) >= DROPOUT_SOME or (run.cfg("train.weight_decay", 0.0)
+    regularised = (run.cfg("model.dropout") or 0.0) >= DROPOUT_SOME or (run.cfg("train.weight_decay")
                                                                              or 0.0) > WD_USUAL
     frozen, detached, _ = frozen_parts(run)
     at_unigram = h_train is not None and abs(late_train - h_train.nats) <= UNIGRAM_BAND * h_train.nats
@@ -62,8 +62,8 @@ def rule_underfitting(run, found, _):
 def finding(run, evals, best, tr, h_val, h_train, late_train):
     last = evals[-1]
     flat_from = next((s for s, v in evals if v <= best[1] + max(0.02, 2 * tr.noise)), best[0])
-    dropout = run.cfg("model.dropout", 0.0) or 0.0
-    wd = run.cfg("train.weight_decay", 0.0) or 0.0
+    dropout = run.cfg("model.dropout") or 0.0
+    wd = run.cfg("train.weight_decay") or 0.0
     ev = [f"val_loss " + ", ".join(f"{g(v)} (step {s})" for s, v in evals[-6:]) + f": best {g(best[1])} at step "
           f"{best[0]}; over steps {tr.first_step}-{tr.last_step} the fitted line "
           f"{'falls' if tr.drop >= 0 else 'rises'} {g(abs(tr.drop))} (noise {g(tr.noise)})",

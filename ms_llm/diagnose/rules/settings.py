@@ -45,7 +45,7 @@ def suspects(run):
 # --- what the curve shows -------------------------------------------------------------------------------
 
 def slow_gate(run):
-    warm, n = run.cfg("train.warmup_steps", 0) or 0, run.max_steps or 0
+    warm, n = run.cfg("train.warmup_steps") or 0, run.max_steps or 0
     return max(SLOW_GATE, 2 * min(warm, n // 4 if n else warm))
 
 
@@ -95,7 +95,7 @@ def steps_for(run):
 # --- against the recipes --------------------------------------------------------------------------------
 
 def dropout(run):
-    p = run.cfg("model.dropout", 0.0) or 0.0
+    p = run.cfg("model.dropout") or 0.0
     lo, hi = recipes.span("dropout")
     if p <= hi:
         return None
@@ -180,7 +180,7 @@ def lr_judgement(run):
 
 
 def warmup(run):
-    warm, n, lr = run.cfg("train.warmup_steps", 0) or 0, run.max_steps or 0, run.cfg("train.lr")
+    warm, n, lr = run.cfg("train.warmup_steps") or 0, run.max_steps or 0, run.cfg("train.lr")
     if not n or warm >= NO_WARMUP_SHARE * n:
         return None
     ref = recipes.cite("warmup_share", scale=lambda v: f"{100 * v:.2g}%") + f"; {recipes.WARMUP_GUIDE}"
@@ -207,7 +207,7 @@ def warmup(run):
 
 
 def clipping(run):
-    clip = run.cfg("train.clip_grad", 0) or 0
+    clip = run.cfg("train.clip_grad") or 0
     if clip > 0:
         return None
     ref = recipes.cite("clip_grad")

@@ -26,14 +26,14 @@ def steady(run, key):
     pts = points(run.train, key)
     pts = pts[1:] if len(pts) > 1 else pts
     warm = {e["step"] for e in run.events if e.get("event") == "resume"}
-    interval = run.cfg("train.log_interval", 1) or 1
+    interval = run.cfg("train.log_interval") or 1
     prof = profiled(run)
     return [p for p in pts if p[0] not in prof and not any(0 < p[0] - s <= interval for s in warm)]
 
 
 def profiled(run):
     """Steps of the log records whose interval overlaps a profiled window."""
-    interval = run.cfg("train.log_interval", 1) or 1
+    interval = run.cfg("train.log_interval") or 1
     windows, start = [], None
     for e in sorted(run.events, key=lambda e: e["step"]):
         if e.get("event") == "profile_start":
@@ -56,7 +56,7 @@ def rule_data_wait(run, found, _):
         return None
     med = statistics.median(v for _, v in pts)
     high = [s for s, v in pts if v > DATA_WAIT_FRAC]
-    workers = run.cfg("data.num_workers", 1)
+    workers = run.cfg("data.num_workers")
     ev = [f"median data wait {100 * med:.0f}% of step time (max {100 * max(v for _, v in pts):.0f}%); above "
           f"{100 * DATA_WAIT_FRAC:.0f}% in {len(high)} of {len(pts)} records (steps {steps_text(high)})",
           f"data.num_workers = {workers}"]
@@ -189,7 +189,7 @@ def rule_uneven(run, found, _):
         causes = [host, inside, straggler]
     else:
         causes = [inside, straggler, host]
-    actions.insert(0, f"--set data.num_workers={2 * run.cfg('data.num_workers', 1)}" if stall else
+    actions.insert(0, f"--set data.num_workers={2 * run.cfg('data.num_workers')}" if stall else
                    "--set train.log_interval=1 for a while (which steps are slow, and how regularly)")
     return [Finding("throughput_uneven", "warning", "uneven (saw-toothed) throughput", ev, causes, actions,
                     steps[:10])]
@@ -199,7 +199,7 @@ def lost_time(run, pts, med):
     """(seconds the records of `pts` lost against the median speed `med`, their seconds in all), from each record's
     interval_s (the trainer's, pauses out; the hooks' time out, as in step_speed) or else its tokens (steps × global batch × sequence); None if unknown."""
     seconds = step_seconds(run)
-    per_step = (run.cfg("train.global_batch_size", 0) or 0) * (run.cfg("model.seq_length", 0) or 0)
+    per_step = (run.cfg("train.global_batch_size") or 0) * (run.cfg("model.seq_length") or 0)
     steps = [r["step"] for r in run.train]
     previous = dict(zip(steps, [0] + steps[:-1]))
     lost = total = 0.0
@@ -235,7 +235,7 @@ def _telemetry_loads(run):
 
 def rule_low_mfu(run, found, _):
     pts = steady(run, "mfu")
-    hidden = run.cfg("model.hidden_size", 0)
+    hidden = run.cfg("model.hidden_size")
     if not pts or hidden < LOW_MFU_MIN_HIDDEN:
         return None  # small models cannot fill a device: low MFU is expected, not actionable
     med = statistics.median(v for _, v in pts)
@@ -253,7 +253,7 @@ def rule_low_mfu(run, found, _):
                      "medium" if run.cfg("recompute_config.recompute") else "low"),
                cause("data waits or communication (see those findings)",
                      "medium" if "data_wait" in found else "low")]
-    actions = [f"--set train.micro_batch_size={2 * run.cfg('train.micro_batch_size', 1)} (if memory allows)",
+    actions = [f"--set train.micro_batch_size={2 * run.cfg('train.micro_batch_size')} (if memory allows)",
                "--set context.mode=graph", "--set recompute_config.select_recompute=true instead of full recompute",
                "ms-llm benchmark --config <config> and a profile window (monitor.profile) for the top ops"]
     return [Finding("low_mfu", "warning", f"low MFU: {100 * med:.1f}%", ev, causes, actions)]
@@ -288,7 +288,7 @@ def rule_loss_scale(run, found, _):
                      f"{run.cfg('precision.scale_window')}", "low")]
     actions = (["--set precision.compute_dtype=bfloat16 (no loss scale needed)"] if fp16 else []) + [
         lr_actions(run)[0], f"ms-llm debug nan --run-dir {quoted(run.path)}",
-        f"--set precision.scale_window={2 * run.cfg('precision.scale_window', 1000)} (fewer growth attempts)"]
+        f"--set precision.scale_window={2 * run.cfg('precision.scale_window')} (fewer growth attempts)"]
     return [Finding("loss_scale", "warning", "frequent loss-scale overflows", ev, causes, actions, drops[:10])]
 
 
@@ -301,7 +301,7 @@ def rule_memory(run, found, limit):
     if peak is None or not limit or peak < MEMORY_FRAC * limit:
         return None
     at = max(mems, key=lambda p: p[1])[0] if mems else None
-    micro = run.cfg("train.micro_batch_size", 1)
+    micro = run.cfg("train.micro_batch_size")
     ev = [f"peak memory {peak:.2f} GiB" + (f" (step {at})" if at else "") + f" = {100 * peak / limit:.0f}% of the "
           f"{limit:.1f} GiB limit"]
     recompute = run.cfg("recompute_config.recompute") or run.cfg("recompute_config.select_recompute")
@@ -323,7 +323,7 @@ def rule_memory(run, found, limit):
 # --- gradients always clipped ----------------------------------------------------------------------
 
 def rule_always_clipped(run, found, _):
-    clip = run.cfg("train.clip_grad", 0)
+    clip = run.cfg("train.clip_grad")
     # only the stretch before a divergence or NaN: norms that grow with it are that finding's evidence
     stops = [found[k].steps[0] for k in ("divergence", "loss_nonfinite") if k in found and found[k].steps]
     gn = [v for s, v in points(run.train, "grad_norm") if not stops or s < min(stops)]
@@ -461,7 +461,7 @@ def dtype_text(run, names, recs):
 
 
 def exploding_text(run, names, recs):
-    clip = run.cfg("train.clip_grad", 0)
+    clip = run.cfg("train.clip_grad")
     causes = [cause(f"LR too high (train.lr = {g(run.cfg('train.lr'))})", "medium"),
               cause("no gradient clipping (train.clip_grad = 0)", "high" if not clip else "low"),
               cause("float16 range", "medium" if run.cfg("precision.compute_dtype") == "float16" else "low")]
@@ -480,7 +480,7 @@ def scale_text(run, names, recs):
     return "gradient scale mismatch", causes, [
         "divide the loss by train.global_batch_size / (micro_batch_size x data_parallel)",
         f"compare with a run at accumulation 1: --set train.global_batch_size="
-        f"{run.cfg('train.global_batch_size', accum) // max(1, accum)}"]
+        f"{run.cfg('train.global_batch_size') // max(1, accum)}"]
 
 
 FLAGS = {"vanishing": vanishing_text, "exploding": exploding_text, "dtype_mismatch": dtype_text,
@@ -512,7 +512,7 @@ def one_off_explosion(run, recs):
              f"grad_norm in metrics.jsonl: {g(level)} before step {s} (median of {len(before)} records), "
              f"{g(late[1])} at step {late[0]}: back at its level; one record the run recovers from is not an "
              f"explosion (that needs the norm to stay up, or flags at {EXPLODE_PERSIST}+ steps)"]
-    warm = run.cfg("train.warmup_steps", 0) or 0
+    warm = run.cfg("train.warmup_steps") or 0
     if warm and abs(s - warm) <= max(5, WARMUP_END * warm):
         lines.append(f"step {s} is where the warmup reaches the peak LR (train.warmup_steps = {warm}): the gradient "
                      f"norm commonly peaks there")
