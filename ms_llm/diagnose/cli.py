@@ -19,6 +19,8 @@ def cmd_diagnose(args):
             raise UserError(f"--measure-steps = {args.measure_steps}: each benchmark needs at least 5 timed steps "
                             f"(default: about 2 s of the run's steps).")
         measure(load_run(args.run), echo=lambda line: print(line, flush=True), steps=args.measure_steps)
+    elif not args.no_measure:
+        measure_cost_suspects(args.run)
     run, findings = diagnose(args.run, args.device_memory, args.logs, args.benchmark)
     code = exit_code(findings)
     print(format_report(args.run, run, findings), flush=True)
@@ -26,6 +28,35 @@ def cmd_diagnose(args):
         print(json.dumps({"run": args.run, "exit_code": code, "findings": [f.to_dict() for f in findings]},
                          default=str), flush=True)
     return code
+
+
+def measure_cost_suspects(path):
+    """Plain `diagnose` measures what it can cheaply: a setting far from every published value that costs speed
+    (a head width of 1, an MLP 16 times the width) is timed beside the run's own settings, when this is the run's
+    host and the run's step is short enough that the measurement takes about a minute (MEASURE_BUDGET_S)."""
+    from ms_llm.diagnose.measure import measure, on_run_host, suspect_variants, unmeasured
+    from ms_llm.errors import UserError
+    from ms_llm.rundir.names import run_config_path
+    from ms_llm.rundir.reader import load_run
+
+    try:
+        run = load_run(path)
+    except UserError:
+        return  # the diagnosis itself says what is wrong with the run directory
+    import os
+
+    wanted = unmeasured(run, suspect_variants(run, strong_only=True))
+    if not wanted or not on_run_host(run) or not os.path.isfile(run_config_path(run.path)):
+        return
+    first = (run.info.get("final") or {}).get("compile_s") or 10.0
+    if (1 + len(wanted)) * 2 * (first + 4.0) > MEASURE_BUDGET_S:
+        return  # the finding gives the command instead (ms-llm diagnose RUN --measure)
+    print(f"diagnose: {len(wanted)} setting(s) far from every published value may cost speed; measuring them "
+          f"beside the run's own (--no-measure to skip)", flush=True)
+    measure(run, echo=lambda line: print(line, flush=True), chosen=wanted)
+
+
+MEASURE_BUDGET_S = 120.0
 
 
 def add_parsers(subparsers):
@@ -44,6 +75,9 @@ def add_parsers(subparsers):
                    help="first measure the run's step under other settings of the same computation (micro-batch "
                         "vs accumulation, threads, CPU kernels, monitors, readers; a short benchmark each, in "
                         "RUN/measure.json) and name the faster one")
+    p.add_argument("--no-measure", action="store_true",
+                   help="never measure (by default a setting far from every published value that may cost speed is "
+                        "timed beside the run's own settings when that takes about a minute on this host)")
     p.add_argument("--measure-steps", type=int, metavar="N", help="timed steps of each --measure benchmark "
                                                                      "(default: about 2 s of the run's steps)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")

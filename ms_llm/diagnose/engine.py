@@ -26,6 +26,7 @@ healthy runs produce no finding at all.
 import os
 
 from ms_llm.diagnose.common import SEVERITY_ORDER, memoised, memory_limit_gib
+from ms_llm.diagnose.rules.bisected import rule_bisected
 from ms_llm.diagnose.rules.device import rule_logs, rule_speedup, rule_temperature, scan_logs
 from ms_llm.diagnose.rules.finetune import rule_finetune
 from ms_llm.diagnose.rules.generalisation import rule_generalisation, rule_leakage
@@ -107,7 +108,7 @@ RULES = [rule_start, rule_nonfinite, rule_divergence, rule_moe, rule_underfittin
          rule_labels, rule_finetune, rule_preference, rule_generalisation, rule_leakage, rule_tasks, rule_spikes,
          rule_resume, rule_data_wait, rule_uneven, rule_temperature, rule_low_mfu, rule_loss_scale, rule_memory,
          rule_memory_growth, rule_always_clipped, rule_stats, rule_logs, rule_speedup, rule_wall_time,
-         rule_machine_speed, rule_measured, rule_schedule, rule_events, rule_remote_copies]
+         rule_machine_speed, rule_measured, rule_bisected, rule_schedule, rule_events, rule_remote_copies]
 
 
 def format_report(run_dir, run, findings):

@@ -41,7 +41,8 @@ TIMEOUT_S = 600
 
 
 def variants(run):
-    """[(name, [--set overrides], what it changes)] for the settings worth measuring against the run's."""
+    """[(name, [--set overrides], what it changes)] for the settings worth measuring against the run's: those below,
+    and the fixes of the run's cost suspects."""
     cores = (run.info.get("device") or {}).get("cpu_count") or os.cpu_count() or 1
     cpu = ((run.info.get("device") or {}).get("target") or run.cfg("context.device_target")) == "CPU"
     out = []
@@ -82,7 +83,33 @@ def variants(run):
     if waits and sorted(waits)[len(waits) // 2] > 0.05:
         n = run.cfg("data.num_workers") or 1
         out.append((f"readers {2 * n}", [f"data.num_workers={2 * n}"], f"data.num_workers {n} → {2 * n}"))
-    return out
+    keys = {x.split("=")[0] for _, sets, _ in out for x in sets}
+    return out + [v for v in suspect_variants(run) if not {x.split("=")[0] for x in v[1]} & keys]
+
+
+def suspect_variants(run, strong_only=False):
+    """[(name, sets, what)] of the cost suspects' fixes (rules/published.py: a head width, an MLP width, a speed
+    setting far from every published or default value), each measured as a setting of its own."""
+    from ms_llm.diagnose.rules.schedule import suspects
+    from ms_llm.diagnose.rules.suspect import COST
+
+    return [(", ".join(s.sets), list(s.sets), s.setting) for s in suspects(run)
+            if COST in s.effects and s.sets and (s.strong or not strong_only)]
+
+
+def unmeasured(run, wanted):
+    """The settings of `wanted` that RUN/measure.json has not measured (by their --set overrides)."""
+    doc = load_measure(run) or {}
+    done = {tuple(r.get("sets") or ()) for r in doc.get("results") or [] if r.get("tokens_per_s")}
+    return [w for w in wanted if tuple(w[1]) not in done]
+
+
+def on_run_host(run):
+    """Whether this process runs where the run ran (a measurement elsewhere says nothing about the run's step)."""
+    import socket
+
+    host = run.info.get("host")
+    return host is None or host == socket.gethostname()
 
 
 def workdir(run):
@@ -159,8 +186,9 @@ def timed_steps(run):
     return max(STEPS, min(MAX_STEPS, int(TIMED_S * 1000 / statistics.median(ms)) + 1))
 
 
-def measure(run, echo=print, steps=None, warmup=WARMUP, rounds=ROUNDS):
-    """Measure the variants of the run's config; write and return RUN/measure.json's content."""
+def measure(run, echo=print, steps=None, warmup=WARMUP, rounds=ROUNDS, chosen=None):
+    """Measure the variants of the run's config (`chosen`: only these [(name, sets, what)]); write and return
+    RUN/measure.json's content (it replaces an earlier one: rounds compare settings measured side by side)."""
     from ms_llm.fileio import atomic_write_bytes
     from ms_llm.rundir.names import run_config_path
 
@@ -169,7 +197,7 @@ def measure(run, echo=print, steps=None, warmup=WARMUP, rounds=ROUNDS):
         raise UserError(f"--measure needs the config the run ran with ({config}), and '{run.path}' has none. Measure a "
                         f"config directly with 'ms-llm benchmark --config C'.")
     steps = steps or timed_steps(run)
-    settings = [("as run", [], "the run's own settings")] + variants(run)
+    settings = [("as run", [], "the run's own settings")] + (variants(run) if chosen is None else list(chosen))
     cwd = workdir(run)
     total = [rounds * len(settings)]  # (+ the rounds of "together", when two settings turn out faster)
     echo(f"measure: {len(settings)} settings x {rounds} rounds of a short benchmark of {quoted(config)} ({steps} "

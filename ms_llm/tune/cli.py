@@ -40,10 +40,37 @@ def cmd_ladder(args):
     return ladder(args.config, args.steps, args.rtol, args.ladder_dir, args.print_commands)
 
 
+def cmd_bisect(args):
+    from ms_llm.tune.bisect import bisect
+
+    bisect(args.good, args.bad, args.metric, args.steps, args.set_good, args.set_bad, args.output,
+           echo=lambda line: print(line, flush=True))
+    return 0
+
+
+def add_bisect_parser(debug):
+    p = debug.add_parser("bisect", help="which of the settings two runs (or configs) differ in explains the "
+                                        "difference in a metric: short runs with halves of the difference applied, "
+                                        "about log2(k) + 2 runs for k settings; bisect.json and a table")
+    p.add_argument("good", metavar="GOOD", help="a run directory or a config file: the run with the good metric")
+    p.add_argument("bad", metavar="BAD", help="a run directory or a config file: the run with the bad metric")
+    p.add_argument("--metric", default="val_loss",
+                   help="what the runs are compared on: val_loss (default; at the end of each run), loss (the last "
+                        "training loss), tokens_per_s, grad_norm, mfu or mem_gib (medians over the records)")
+    p.add_argument("--steps", type=int, help="optimizer steps of every run (default: BAD's train.max_steps)")
+    p.add_argument("--set-good", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a value of GOOD (repeatable), e.g. the published value of a suspect setting")
+    p.add_argument("--set-bad", action="append", default=[], metavar="KEY=VALUE", help="override a value of BAD")
+    p.add_argument("--output", metavar="DIR", help="where the runs and bisect.json go (default: BAD's run directory, "
+                                                   "else runs/bisect-<time>); the same command again resumes")
+    p.set_defaults(func=cmd_bisect)
+
+
 def add_parsers(sub, debug):
-    """`sweep`, and `lr-find` and `ladder` in the `debug` group (`debug`: its subparsers)."""
+    """`sweep`, and `lr-find`, `ladder` and `bisect` in the `debug` group (`debug`: its subparsers)."""
     add_lr_find_parser(debug)
     add_ladder_parser(debug)
+    add_bisect_parser(debug)
     p = sub.add_parser("sweep", help="hyperparameter sweep: one-at-a-time from the golden config (or a grid), each "
                                      "trial an ordinary run; table, sweep.json, page, best config")
     add_config_arguments(p, required=False, help="the golden config (YAML); trials change only the --vary keys",

@@ -15,8 +15,8 @@ import math
 from ms_llm.diagnose import recipes
 from ms_llm.diagnose.causes import grad_rms, lr_reached
 from ms_llm.diagnose.common import Finding, _memo, cause, g
-from ms_llm.diagnose.rules import settings
-from ms_llm.diagnose.rules.suspect import SLOW, UNSTABLE, Suspect, shown
+from ms_llm.diagnose.rules import published, settings
+from ms_llm.diagnose.rules.suspect import MEASURED, SLOW, UNSTABLE, Suspect, shown
 
 WARMUP_SHARE = 0.5          # warmup over half the run (the recipes: 0.13-3% of the steps, recipes.py)
 DECAY_EARLY, DECAY_LATE = 0.5, 1.5   # decay ending before 50% or after 150% of max_steps
@@ -124,7 +124,8 @@ def _suspects(run):
     for s in out:  # a slowing setting also shows where no progress rule fires: validation at the context-free level
         if s.effect == SLOW and s.shown_by is None:
             s.shown_by = settings.context_free
-    return out + settings.suspects(run)
+    out += settings.suspects(run)
+    return out + published.suspects(run, covered={s.key for s in out})
 
 
 def setting_line(s):
@@ -157,16 +158,18 @@ def rule_schedule(run, found, _):
             out.append(Finding(f"config_{s.id}", "info", f"config note: {s.setting}",
                                [setting_line(s), f"the run shows no {' or '.join(s.effects)} effect: the setting "
                                                  f"did nothing visible (so far)"],
-                               [cause(s.cause, "low")], [s.action]))
+                               [cause(s.cause, "low")], [s.action] + s.experiment))
             continue
+        measured = [f for f in findings if f.id in MEASURED]
         ev = [setting_line(s)] + ([own] if own else [])
-        ev += [f"the curve shows the effect: {f.symptom} ({f.id})" for f in findings[:3]]
-        causes = [cause(s.cause, "high" if s.strong else "medium")]
+        ev += [(f.symptom if f in measured else f"the curve shows the effect: {f.symptom}") + f" ({f.id})"
+               for f in findings[:3]]
+        causes = [cause(("measured: " if measured else "") + s.cause, "high" if s.strong or measured else "medium")]
         actions = [s.action]
         peers = [p for p, pf, po in judged if p is not s and (pf or po) and set(p.effects) & set(s.effects)]
         for p in peers:
             causes.append(cause(f"besides: {p.cause}", "medium" if p.strong else "low"))
-        actions += s.experiment if (peers or s.experiment) else []
+        actions += s.experiment if (peers or s.experiment) and not measured else []
         steps = findings[0].steps if findings else [run.steps_done]
         out.append(Finding(f"config_{s.id}", "warning", f"config: {s.cause}", ev, causes, actions, steps))
         if s.strong:

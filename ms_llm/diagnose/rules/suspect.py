@@ -19,12 +19,14 @@ from typing import Callable, Optional, Tuple
 
 SLOW, UNSTABLE, GAP, START, COST = "slow", "unstable", "gap", "start", "cost"
 SHOWN_BY = {
-    SLOW: ("slow_progress", "loss_not_falling", "loss_plateau", "underfitting"),
-    UNSTABLE: ("divergence", "loss_nonfinite", "loss_spikes", "stats_exploding"),
-    GAP: ("distribution_shift", "generalisation_gap", "labels"),
+    SLOW: ("bisected", "slow_progress", "loss_not_falling", "loss_plateau", "underfitting", "behind_siblings"),
+    UNSTABLE: ("bisected", "divergence", "loss_nonfinite", "loss_spikes", "stats_exploding"),
+    GAP: ("bisected", "distribution_shift", "generalisation_gap", "labels"),
     START: ("bad_start",),
-    COST: (),
+    COST: ("throughput_left", "bisected", "low_mfu"),
 }
+# measured findings (a bisect, a timed setting) show a suspect only when what they measured is the suspect's key
+MEASURED = ("throughput_left", "bisected")
 
 
 @dataclass
@@ -40,6 +42,7 @@ class Suspect:
     also: Tuple[str, ...] = ()                   # further effects (dropout: slow and gap)
     shown_by: Optional[Callable] = None          # (run) -> an evidence line when the run shows the effect, or None
     experiment: list = field(default_factory=list)  # the run that separates it from the other suspects
+    sets: Tuple[str, ...] = ()                      # the fix as --set overrides ("model.num_heads=2"), when known
 
     @property
     def effects(self):
@@ -49,7 +52,8 @@ class Suspect:
 def shown(s, found):
     """The findings that show this suspect's effects on the curve (most severe first)."""
     ids = [i for e in s.effects for i in SHOWN_BY[e]]
-    out = [found[i] for i in dict.fromkeys(ids) if i in found and found[i].severity != "info"]
+    out = [found[i] for i in dict.fromkeys(ids) if i in found and found[i].severity != "info"
+           and (i not in MEASURED or (s.key and any(f"--set {s.key}=" in a for a in found[i].actions)))]
     # a resume that changed this key, with an effect on the curve (rules/history.py): the setting shows there
     return out + [f for i, f in found.items() if i.startswith("resume_change") and f.severity != "info" and s.key
                   and f" {s.key} " in f" {f.symptom} "]
