@@ -9,7 +9,8 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.9,<3.13",  # MindSpore 2.10 publishes no wheel for Python 3.13
     packages=find_packages(include=["ms_llm", "ms_llm.*", "model_zoo", "model_zoo.*"]),
-    package_data={"ms_llm.pages": ["static/*.js"]},  # the report's drawing code, inlined into each page
+    # the report's drawing code, inlined into each page; the published configurations diagnose judges settings by
+    package_data={"ms_llm.pages": ["static/*.js"], "ms_llm.diagnose.priors": ["*.yaml"]},
     # bokeh: the HTML report's plots (BokehJS inlined into the page); 3.4 brought the vspan glyph
     # mindspore: a range, so that pip keeps an Ascend host's MindSpore (built for its CANN) rather than replacing it;
     # the versions the tests ran on: 2.7.2, 2.8.0, 2.9.0 and 2.10.0 (CPU, 2026-12-02: the fast tier, a 50-step

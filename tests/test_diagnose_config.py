@@ -63,15 +63,17 @@ QUICK = ["train.max_steps=300", "train.log_interval=10", "train.eval_interval=10
 # --- the reference table ---------------------------------------------------------------------------------
 
 def test_every_recipe_value_has_a_source_and_the_spans_are_what_the_recipes_say():
-    assert all(r.source and r.settings for r in recipes.RECIPES)
+    from ms_llm.diagnose import priors
+
+    assert all(e.source and e.values for e in priors.entries())
     assert recipes.span("dropout") == (0.0, 0.2) and recipes.span("weight_decay") == (0.1, 0.1)
     assert recipes.span("clip_grad") == (1.0, 1.0) and recipes.span("beta2") == (0.95, 0.99)
     text = recipes.cite("dropout")
-    assert "GPT-2 0.1" in text and "nanoGPT char 0.2" in text and "Radford et al. 2019" in text
+    assert "nanoGPT shakespeare-char 0.2" in text and "nanogpt.yaml" in text
     lo, hi, near = recipes.lr_reference(800_000)  # below the smallest recipe: nanoGPT's char model stands for it
     assert (lo, hi) == (1e-3, 1e-3) and near[0].name == "nanoGPT shakespeare-char"
-    lo, hi, near = recipes.lr_reference(7e9)
-    assert lo == 5e-5 and hi == 3e-4 and {"Llama 2 7B", "MindFormers Llama 2 7B"} <= {r.name for r in near}
+    lo, hi, near = recipes.lr_reference(7e9)  # GPT-3 6.7B's 1.2e-4 to LLaMA / Llama 2 7B's 3e-4
+    assert lo == 1e-4 and hi == 3e-4 and {"Llama 2 7B", "LLaMA 7B", "GPT-3 6.7B"} <= {r.name for r in near}
 
 
 # --- class 1: a setting far from any recipe, tied to what it did --------------------------------------------
@@ -82,7 +84,7 @@ def test_dropout_09_at_the_context_free_level_is_named_first_with_its_reference(
     first = alarms(found)[0]
     assert first.id == "config_dropout", [(f.id, f.symptom) for f in found]
     assert "model.dropout = 0.9" in first.causes[0] and first.confidence == "high"
-    assert any("nanoGPT char 0.2" in e and "Srivastava et al. 2014" in e for e in first.evidence)  # where from
+    assert any("nanoGPT shakespeare-char 0.2" in e and "Srivastava et al. 2014" in e for e in first.evidence)
     assert any("of the validation split's unigram entropy" in e for e in first.evidence)  # what it did
     assert first.actions[0].startswith("--set model.dropout=0.1")
     assert any(a.startswith("the experiment that separates it: ms-llm train") and "model.dropout=0.1" in a
@@ -107,7 +109,7 @@ def test_a_weight_decay_far_above_the_recipes_is_tied_to_the_same_evidence(tmp_p
     run = with_manifest(write_run(tmp_path / "wd", near_context_free(), QUICK + ["train.weight_decay=10"]))
     first = alarms(diagnose(run)[1])[0]
     assert first.id == "config_weight_decay" and "train.weight_decay = 10" in first.causes[0]
-    assert any("GPT-3 0.1" in e for e in first.evidence)
+    assert any("GPT-3" in e and " 0.1" in e and "gpt3.yaml" in e for e in first.evidence)
 
 
 def test_the_same_dropout_on_a_run_that_learns_is_a_note_that_did_nothing_visible(tmp_path):

@@ -19,6 +19,7 @@ def cmd_diagnose(args):
             raise UserError(f"--measure-steps = {args.measure_steps}: each benchmark needs at least 5 timed steps "
                             f"(default: about 2 s of the run's steps).")
         measure(load_run(args.run), echo=lambda line: print(line, flush=True), steps=args.measure_steps)
+        bisect_suspects(args.run)
     elif not args.no_measure:
         measure_cost_suspects(args.run)
     run, findings = diagnose(args.run, args.device_memory, args.logs, args.benchmark)
@@ -57,6 +58,37 @@ def measure_cost_suspects(path):
 
 
 MEASURE_BUDGET_S = 120.0
+BISECT_MAX_STEPS = 2000  # the bisect's runs train at most this many steps (a long run is bisected on its start)
+
+
+def bisect_suspects(path):
+    """`diagnose --measure`: the settings far from every published value that may slow or destabilise training,
+    proven or cleared by experiment. `ms-llm debug bisect` (a process of its own: diagnose does not import the tuning
+    tools) between the run and the run with those settings at their published values; RUN/bisect.json is read by
+    the diagnosis that follows (rules/bisected.py)."""
+    import os
+    import subprocess
+    import sys
+
+    from ms_llm.diagnose.rules.schedule import suspects
+    from ms_llm.diagnose.rules.suspect import COST
+    from ms_llm.rundir.names import run_config_path
+    from ms_llm.rundir.reader import load_run
+
+    run = load_run(path)
+    chosen = [s for s in suspects(run) if s.sets and set(s.effects) - {COST}]
+    if not chosen:
+        print("diagnose: no setting far from the published values to bisect", flush=True)
+        return
+    finished = run.status == "finished"
+    steps = min(BISECT_MAX_STEPS, run.max_steps if finished else run.steps_done or run.max_steps)
+    cmd = [sys.executable, "-m", "ms_llm.cli", "debug", "bisect", run_config_path(run.path), run.path,
+           "--steps", str(steps), "--output", run.path] + [x for s in chosen for v in s.sets for x in ("--set-good", v)]
+    print(f"diagnose: bisecting {len(chosen)} suspect setting(s) against their published values: "
+          + " ".join(cmd[2:]), flush=True)
+    code = subprocess.call(cmd, env=dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3")))
+    if code != 0:
+        print(f"diagnose: the bisect stopped (exit {code}); the diagnosis below is without it", flush=True)
 
 
 def add_parsers(subparsers):

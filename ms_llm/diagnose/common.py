@@ -31,6 +31,16 @@ CONFIDENCE = ("high", "medium", "low")
 
 
 @dataclass
+class Explains:
+    """What a finding says about another: it explains it (the engine puts `cause` first in it, engine.compose)."""
+    target: str      # the id of the finding explained
+    cause: str       # the cause that leads it
+    action: str = ""  # the action that goes first in it
+    line: str = ""   # the evidence line that ties the two
+    key: str = ""    # a setting: the target's causes that already name it are folded into `cause`
+
+
+@dataclass
 class Finding:
     id: str
     severity: str  # error | warning | info (info never fails the exit code)
@@ -39,6 +49,8 @@ class Finding:
     causes: list  # most likely first, each ending in "[confidence: high|medium|low]" (see cause())
     actions: list
     steps: list = field(default_factory=list)  # the steps the evidence cites
+    explains: list = field(default_factory=list)    # [Explains]: the findings this one is the cause of
+    supersedes: list = field(default_factory=list)  # ids of findings this one withdraws (it explains them better)
 
     @property
     def confidence(self):

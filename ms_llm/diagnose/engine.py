@@ -25,24 +25,9 @@ healthy runs produce no finding at all.
 """
 import os
 
+from ms_llm.diagnose import registry
 from ms_llm.diagnose.common import SEVERITY_ORDER, memoised, memory_limit_gib
-from ms_llm.diagnose.rules.bisected import rule_bisected
-from ms_llm.diagnose.rules.device import rule_logs, rule_speedup, rule_temperature, scan_logs
-from ms_llm.diagnose.rules.finetune import rule_finetune
-from ms_llm.diagnose.rules.generalisation import rule_generalisation, rule_leakage
-from ms_llm.diagnose.rules.history import rule_resume
-from ms_llm.diagnose.rules.measured import rule_measured
-from ms_llm.diagnose.rules.loss import rule_divergence, rule_labels, rule_nonfinite, rule_spikes, rule_start
-from ms_llm.diagnose.rules.moe import rule_moe
-from ms_llm.diagnose.rules.preference import rule_preference
-from ms_llm.diagnose.rules.progress import rule_progress, rule_siblings
-from ms_llm.diagnose.rules.regularisation import rule_underfitting
-from ms_llm.diagnose.rules.remote import rule_remote_copies
-from ms_llm.diagnose.rules.schedule import rule_schedule
-from ms_llm.diagnose.rules.tasks import rule_tasks
-from ms_llm.diagnose.rules.system import (rule_always_clipped, rule_data_wait, rule_events, rule_loss_scale,
-                                          rule_low_mfu, rule_memory, rule_memory_growth, rule_stats, rule_uneven)
-from ms_llm.diagnose.rules.wall_time import rule_machine_speed, rule_wall_time
+from ms_llm.diagnose.rules.device import rule_logs, scan_logs
 from ms_llm.rundir.reader import load_run
 from ms_llm.errors import UserError
 
@@ -77,38 +62,95 @@ def diagnose(run_dir, device_memory=None, logs=None, benchmark=None):
                         f"The run stopped before its first log interval (train.log_interval = "
                         f"{run.cfg('train.log_interval')} steps) or the file is damaged; look at the run's "
                         f"logs/ and the console output of 'ms-llm train' for the error.")
-    return run, apply_rules(run, RULES, memory_limit_gib(device_memory, run))
+    return run, apply_rules(run, None, memory_limit_gib(device_memory, run))
 
 
-def apply_rules(run, rules, limit=None):
-    """The findings of `rules` on a parsed run, in order (the engine's core, also what the live diagnosis runs at
-    every check: ms_llm/diagnose/live.py)."""
+def apply_rules(run, rules=None, limit=None):
+    """The findings of `rules` (default: every registered rule, registry.ordered_rules) on a parsed run: each rule
+    sees the findings of the rules it reads (they ran before it); then the findings that explain others lead them
+    (compose) and the whole is put in order (ordered). The engine's core, also what the live diagnosis runs at every
+    check (ms_llm/diagnose/live.py)."""
     found = {}
     with memoised():
-        for rule in rules:
-            for f in rule(run, found, limit) or []:
+        for r in rules if rules is not None else registry.ordered_rules():
+            for f in (r.fn(run, found, limit) if isinstance(r, registry.Rule) else r(run, found, limit)) or []:
                 found[f.id] = f
-    return ordered(found.values())
+    return ordered(compose(found))
 
 
-ROOT_CAUSES = ("config_", "resume_")  # findings that name a setting as the cause of others'
+def compose(found):
+    """Apply what findings say about each other: a finding another supersedes is withdrawn (an empty loss mask
+    explains a loss near zero better than the label rules' causes); a finding another explains gets that cause first,
+    its action first and the line that ties them (Finding.explains). No rule edits another rule's finding."""
+    for f in list(found.values()):
+        for fid in f.supersedes:
+            found.pop(fid, None)
+    for f in list(found.values()):
+        for e in f.explains:
+            target = found.get(e.target)
+            if target is None or target is f:
+                continue
+            if target.causes and e.key and e.key in target.causes[0]:
+                continue  # it names the setting first itself
+            if not target.causes or target.causes[0] != e.cause:
+                keep = [c for c in target.causes if c != e.cause and not (e.key and e.key in c)]
+                target.causes[:] = [e.cause] + keep
+            if e.action and e.action not in target.actions:
+                target.actions.insert(0, e.action)
+            if e.line and e.line not in target.evidence:
+                target.evidence.append(e.line)
+    return list(found.values())
+
+
+ROOT_CAUSES = ("config_", "resume_", "bisected")  # findings that name a setting as the cause of others'
 
 
 def ordered(findings):
-    """Errors first; within a severity, the findings that name a setting (config_*, resume_*) before the symptoms
-    they explain; otherwise in rule order."""
-    return sorted(findings, key=lambda f: (SEVERITY_ORDER[f.severity], not f.id.startswith(ROOT_CAUSES)))
+    """What explains what decides the order: a finding that explains others comes right before them, and its group
+    takes the severity of the most severe finding in it (a setting that explains a NaN stands with the NaN, first);
+    groups in order of severity, within a severity the groups led by a setting first, then in the order of the
+    rules."""
+    ids = {f.id: i for i, f in enumerate(findings)}
+    parent = {}
+    for f in findings:
+        for e in f.explains:
+            if e.target in ids and e.target != f.id and e.target not in parent:
+                parent[e.target] = f.id
+
+    def root(fid, seen=()):
+        p = parent.get(fid)
+        return fid if p is None or p in seen else root(p, seen + (fid,))
+
+    groups = {}
+    for f in findings:
+        groups.setdefault(root(f.id), []).append(f)
+    by_id = {f.id: f for f in findings}
+
+    def group_key(rid):
+        worst = min(SEVERITY_ORDER[f.severity] for f in groups[rid])
+        return worst, not rid.startswith(ROOT_CAUSES), ids[rid]
+
+    out = []
+    for rid in sorted(groups, key=group_key):
+        lead = by_id[rid]
+        out.append(lead)
+        out += sorted((f for f in groups[rid] if f is not lead), key=lambda f: (SEVERITY_ORDER[f.severity], ids[f.id]))
+    return out
 
 
 def exit_code(findings):
     return 1 if any(f.severity != "info" for f in findings) else 0
 
 
-RULES = [rule_start, rule_nonfinite, rule_divergence, rule_moe, rule_underfitting, rule_progress, rule_siblings,
-         rule_labels, rule_finetune, rule_preference, rule_generalisation, rule_leakage, rule_tasks, rule_spikes,
-         rule_resume, rule_data_wait, rule_uneven, rule_temperature, rule_low_mfu, rule_loss_scale, rule_memory,
-         rule_memory_growth, rule_always_clipped, rule_stats, rule_logs, rule_speedup, rule_wall_time,
-         rule_machine_speed, rule_measured, rule_bisected, rule_schedule, rule_events, rule_remote_copies]
+def rules(live=None, leave_out=()):
+    """The registered rules in the order they run; `live`: only those the live diagnosis runs at that moment
+    (registry.CHEAP at log intervals, or every rule but the OFFLINE ones at evaluations)."""
+    out = registry.ordered_rules()
+    if live == registry.CHEAP:
+        out = [r for r in out if r.live == registry.CHEAP]
+    elif live == registry.EVAL:
+        out = [r for r in out if r.live != registry.OFFLINE]
+    return [r for r in out if r.name not in leave_out]
 
 
 def format_report(run_dir, run, findings):

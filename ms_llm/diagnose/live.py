@@ -1,10 +1,10 @@
 """The diagnosis while the run runs: the same engine (engine.apply_rules) on the run directory as the trainer fills
 it, handed to the loop as a hook by the entry point (ms_llm/run_hooks.py; ms_llm.train never imports diagnose).
 
-- At every log interval the cheap rules (the loss, its start, NaN, divergence, spikes, what a resume changed, loss
-  scale, memory growth, tensor-statistics flags, the settings) run on the records so far, unless the last check
-  cost more than 1/BUDGET of the time since it (the checks then stay under ~2% of the run's time); at every
-  evaluation all rules but those that read other runs or whole log files.
+- At every log interval the cheap rules (registered `live=CHEAP`: the loss, its start, NaN, divergence, spikes, what
+  a resume changed, loss scale, memory growth, tensor-statistics flags, the settings) run on the records so far,
+  unless the last check cost more than 1/BUDGET of the time since it (the checks then stay under ~2% of the run's
+  time); at every evaluation all rules but the OFFLINE ones (they read other runs or whole log files).
 - A finding of severity warning or error that is new since the last check (by id and severity) prints once, as
   `diagnose: [warning] <symptom>` with its first cause and first action, and is written to metrics.jsonl as a
   `diagnosis` event (the report and compare-curves draw it).
@@ -20,21 +20,14 @@ Only rank 0 diagnoses (metrics.jsonl is rank 0's); the stop it asks for is agree
 import os
 import time
 
-from ms_llm.diagnose import engine
+from ms_llm.diagnose import engine, registry
 from ms_llm.diagnose.common import memory_limit_gib
 from ms_llm.rundir import names
 from ms_llm.rundir.reader import add_records, load_run, read_jsonl_from
 
 BUDGET = 50  # a log-interval check runs when the last one cost at most 1/50 of the time since it
 
-CHEAP = ("rule_start", "rule_nonfinite", "rule_divergence", "rule_spikes", "rule_resume", "rule_loss_scale",
-         "rule_memory_growth", "rule_stats", "rule_moe", "rule_schedule")
-NOT_LIVE = ("rule_siblings", "rule_logs")  # they read other runs' directories and whole log files
 OWN_EVENTS = ("diagnosis", "diagnose")      # the events this hook writes
-
-
-def rules(names=None, leave_out=()):
-    return [r for r in engine.RULES if (names is None or r.__name__ in names) and r.__name__ not in leave_out]
 
 
 class LiveRun:
@@ -90,12 +83,12 @@ class LiveDiagnosis:
         if self.last_cost and now - self.last_check < self.budget * self.last_cost:
             self.pending = True  # checked at the next interval the budget allows, or at the next evaluation
             return
-        self.check(run, record["step"], rules(CHEAP))
+        self.check(run, record["step"], engine.rules(live=registry.CHEAP))
 
     def after_eval(self, run, step, val_loss):
         if self.live is None:
             return
-        self.check(run, step, rules(leave_out=NOT_LIVE))
+        self.check(run, step, engine.rules(live=registry.EVAL))
         self.write_cost(run, step)
 
     def write_cost(self, run, step):

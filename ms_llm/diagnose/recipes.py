@@ -1,77 +1,33 @@
-"""What published training recipes use, setting by setting: the reference `ms-llm diagnose` judges a run's config
-against (rules/settings.py, rules/schedule.py). Every value here is one a paper, a reference implementation or a
-released config states; a recipe that does not state a setting leaves it out (no value is guessed).
+"""What published training recipes use, setting by setting, read from the published configurations (priors/): the
+reference the schedule and optimizer rules judge a run's config against (rules/settings.py, rules/schedule.py).
 
-    key             meaning                                              unit
-    lr              peak learning rate                                   -
-    warmup_share    linear warmup as a share of the training steps       -
-    min_lr_share    the decay's final LR over the peak LR                -
-    weight_decay    AdamW decoupled weight decay                         -
-    dropout         dropout on residual branches / attention             probability
-    beta1, beta2    AdamW's moment decays                                -
-    eps             AdamW epsilon                                        -
-    clip_grad       global gradient-norm clip                            -
-    init_std        std of the normal init                               -
-    batch_tokens    tokens per optimizer step                            tokens
-    seq_length      context length                                       tokens
+    key             the priors' key             meaning
+    lr              train.lr                    peak learning rate
+    warmup_share    derived.warmup_share        linear warmup as a share of the training steps
+    min_lr_share    derived.min_lr_share        the decay's final LR over the peak LR
+    weight_decay    train.weight_decay          AdamW decoupled weight decay
+    dropout         model.dropout               dropout on residual branches / attention
+    beta1, beta2    train.beta1, train.beta2    AdamW's moment decays
+    eps             train.eps                   AdamW epsilon
+    clip_grad       train.clip_grad             global gradient-norm clip
+    init_std        model.init_std              std of the normal init
+    batch_tokens    derived.batch_tokens        tokens per optimizer step
+    seq_length      model.seq_length            context length
 
-`span(key)` gives the range the recipes cover and `cite(key)` the sentence that names them; `lr_reference(params)`
-the peak LRs of the recipes of about the same size (larger models train at smaller LRs: GPT-3's Table 2.1).
+Recipes are the priors' entries of kind recipe that train from scratch (pretraining); fine-tuning recipes (LoRA,
+DPO, MindFormers' finetune configs) train a released model at far smaller LRs and are left out here. `span(key)`
+gives the range the recipes cover and `cite(key)` the sentence that names them; `lr_reference(params)` the peak
+LRs of the recipes of about the same size (larger models train at smaller LRs: GPT-3's Table 2.1).
 """
 import math
-from dataclasses import dataclass, field
 
+from ms_llm.diagnose import priors
 
-@dataclass(frozen=True)
-class Recipe:
-    name: str
-    source: str
-    params: float = None        # model parameters, where the recipe is for one size
-    settings: dict = field(default_factory=dict)
+KEYS = {"lr": "train.lr", "warmup_share": "derived.warmup_share", "min_lr_share": "derived.min_lr_share",
+        "weight_decay": "train.weight_decay", "dropout": "model.dropout", "beta1": "train.beta1",
+        "beta2": "train.beta2", "eps": "train.eps", "clip_grad": "train.clip_grad", "init_std": "model.init_std",
+        "batch_tokens": "derived.batch_tokens", "seq_length": "model.seq_length"}
 
-
-GPT3 = "Brown et al. 2020, Language Models are Few-Shot Learners, Table 2.1 and Appendix B"
-LLAMA2 = "Touvron et al. 2023, Llama 2, §2.2 and Table 1"
-RECIPES = (
-    Recipe("GPT-2", "Radford et al. 2019 (context, batch); dropout and init from the released model's config "
-                    "(resid/embd/attn_pdrop 0.1, initializer_range 0.02)", 124e6,
-           {"dropout": 0.1, "init_std": 0.02, "seq_length": 1024, "batch_tokens": 512 * 1024}),
-    Recipe("GPT-3 125M", GPT3, 125e6, {"lr": 6e-4, "batch_tokens": 0.5e6}),
-    Recipe("GPT-3 350M", GPT3, 350e6, {"lr": 3e-4, "batch_tokens": 0.5e6}),
-    Recipe("GPT-3 760M", GPT3, 760e6, {"lr": 2.5e-4, "batch_tokens": 0.5e6}),
-    Recipe("GPT-3 1.3B", GPT3, 1.3e9, {"lr": 2e-4, "batch_tokens": 1e6}),
-    Recipe("GPT-3 2.7B", GPT3, 2.7e9, {"lr": 1.6e-4, "batch_tokens": 1e6}),
-    Recipe("GPT-3 6.7B", GPT3, 6.7e9, {"lr": 1.2e-4, "batch_tokens": 2e6}),
-    Recipe("GPT-3 13B", GPT3, 13e9, {"lr": 1e-4, "batch_tokens": 2e6}),
-    Recipe("GPT-3 175B", GPT3, 175e9, {"lr": 6e-5, "batch_tokens": 3.2e6}),
-    Recipe("GPT-3 (every size)", GPT3, None,
-           {"beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "clip_grad": 1.0, "weight_decay": 0.1, "min_lr_share": 0.1,
-            "warmup_share": 375e6 / 300e9, "seq_length": 2048}),
-    Recipe("nanoGPT GPT-2 124M", "karpathy/nanoGPT train.py defaults with config/train_gpt2.py", 124e6,
-           {"lr": 6e-4, "min_lr_share": 0.1, "warmup_share": 2000 / 600000, "weight_decay": 0.1, "beta1": 0.9,
-            "beta2": 0.95, "clip_grad": 1.0, "dropout": 0.0, "init_std": 0.02, "seq_length": 1024,
-            "batch_tokens": 12 * 1024 * 40}),
-    Recipe("nanoGPT shakespeare-char", "karpathy/nanoGPT config/train_shakespeare_char.py (train.py defaults for "
-                                       "the rest)", 10.65e6,
-           {"lr": 1e-3, "min_lr_share": 0.1, "warmup_share": 100 / 5000, "weight_decay": 0.1, "beta1": 0.9,
-            "beta2": 0.99, "clip_grad": 1.0, "dropout": 0.2, "init_std": 0.02, "seq_length": 256,
-            "batch_tokens": 64 * 256}),
-    Recipe("Llama 7B", "Touvron et al. 2023, LLaMA, §2.2 and Table 2", 6.7e9,
-           {"lr": 3e-4, "beta1": 0.9, "beta2": 0.95, "weight_decay": 0.1, "clip_grad": 1.0, "min_lr_share": 0.1,
-            "warmup_share": 2000 / (1e12 / 4e6), "batch_tokens": 4e6, "seq_length": 2048}),
-    Recipe("Llama 2 7B", LLAMA2, 7e9,
-           {"lr": 3e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-5, "weight_decay": 0.1, "clip_grad": 1.0,
-            "min_lr_share": 0.1, "warmup_share": 2000 / (2e12 / 4e6), "batch_tokens": 4e6, "seq_length": 4096,
-            "dropout": 0.0}),
-    Recipe("Llama 2 70B", LLAMA2, 70e9,
-           {"lr": 1.5e-4, "beta1": 0.9, "beta2": 0.95, "eps": 1e-5, "weight_decay": 0.1, "clip_grad": 1.0,
-            "min_lr_share": 0.1, "warmup_share": 2000 / (2e12 / 4e6), "batch_tokens": 4e6, "seq_length": 4096}),
-    Recipe("Llama 3 405B", "Llama Team 2024, The Llama 3 Herd of Models, §3.4.1", 405e9,
-           {"lr": 8e-5, "warmup_share": 8000 / 1.2e6, "min_lr_share": 0.01, "seq_length": 8192}),
-    Recipe("MindFormers Llama 2 7B", "mindspore-lab/mindformers configs/llama2/pretrain_llama2_7b.yaml", 7e9,
-           {"lr": 5e-5, "beta1": 0.9, "beta2": 0.95, "eps": 1e-8, "warmup_share": 0.03, "min_lr_share": 0.0,
-            "seq_length": 4096}),
-)
 # Beyond single recipes: what the scaling studies and the practitioner's guides found.
 CHINCHILLA = ("Hoffmann et al. 2022, Training Compute-Optimal Large Language Models: about 20 training tokens per "
               "parameter is compute-optimal; a cosine cycle much longer than the training steps (by 25% or more) "
@@ -80,15 +36,15 @@ WARMUP_GUIDE = "practitioners' guides for Ascend training: warmup 1-3% of the st
 DROPOUT_PAPER = ("Srivastava et al. 2014, Dropout: at test time the network with all units is an approximation of "
                  "the average of the thinned ones, and p = 0.5 was their largest rate for hidden units")
 
-SHORT = {  # how a recipe is named in an evidence line
-    "GPT-2": "GPT-2", "nanoGPT GPT-2 124M": "nanoGPT", "nanoGPT shakespeare-char": "nanoGPT char",
-    "GPT-3 (every size)": "GPT-3", "Llama 7B": "Llama", "Llama 2 7B": "Llama 2", "Llama 2 70B": "Llama 2 70B",
-    "Llama 3 405B": "Llama 3", "MindFormers Llama 2 7B": "MindFormers Llama 2"}
+
+def pretraining(entry):
+    return entry.kind == "recipe" and entry.stage == "pretrain"
 
 
 def values(key):
-    """[(value, recipe)] of every recipe that states `key`."""
-    return [(r.settings[key], r) for r in RECIPES if key in r.settings]
+    """[(value, entry)] of every pretraining recipe that states `key` (a name of KEYS)."""
+    return [(v, e) for v, e in priors.published(KEYS.get(key, key)).values if pretraining(e)
+            and isinstance(v, (int, float)) and not isinstance(v, bool)]
 
 
 def span(key):
@@ -98,54 +54,75 @@ def span(key):
 
 
 def fmt(v):
-    if isinstance(v, float) and (v == 0 or 1e-3 <= abs(v) < 1e4):
-        return f"{v:.3g}"
-    if isinstance(v, float) and v.is_integer() and abs(v) >= 1e4:
-        return f"{v:,.0f}"
-    return f"{v:.3g}" if isinstance(v, float) else f"{v:,}" if isinstance(v, int) else str(v)
+    return priors.fmt(v)
 
 
 def cite(key, limit=5, scale=None):
-    """'GPT-3 0.1, Llama 2 0.1, nanoGPT 0.1 (sources: ...)': the recipes that state `key` and where they say it.
-    `scale` turns values into what the sentence compares (e.g. shares into percent)."""
-    seen, parts, sources = set(), [], []
-    for v, r in values(key):
-        name = SHORT.get(r.name, r.name)
-        if name in seen or (r.name.startswith("GPT-3 ") and r.name != "GPT-3 (every size)" and key != "lr"):
-            continue
-        seen.add(name)
+    """'GPT-3 Small 0.1, LLaMA 7B 0.1, nanoGPT shakespeare-char 0.1 (priors: gpt3.yaml, ...)': the recipes that
+    state `key`, the ends of their span first. `scale` turns values into what the sentence compares (e.g. shares
+    into percent)."""
+    vals = sorted(values(key), key=lambda x: x[0])
+    if not vals:
+        return "no published recipe states it"
+    ends = [vals[0], vals[-1]] + vals[1:-1]
+    seen, parts = set(), []
+    for v, e in ends:
         shown = scale(v) if scale else fmt(v)
-        parts.append(f"{name} {shown}")
-        if r.source not in sources:
-            sources.append(r.source)
+        if (shown, e.file) in seen:
+            continue
+        seen.add((shown, e.file))
+        parts.append(f"{e.name} {shown}")
         if len(parts) >= limit:
             break
-    return ", ".join(parts) + " (" + "; ".join(sources) + ")"
+    files = ", ".join(dict.fromkeys(e.file for _, e in vals))
+    return ", ".join(parts) + f" ({len(vals)} recipes in ms_llm/diagnose/priors/: {files})"
 
 
 def lr_reference(params):
-    """(smallest, largest, [recipes]) of the peak LRs of recipes within 4x of `params` parameters; below the
-    smallest recipe (nanoGPT's 10.65M char model) its LR stands for every smaller model, above the largest the
-    largest's. None without a parameter count."""
+    """(smallest, largest, [entries]) of the peak LRs of recipes within 4x of `params` parameters; below the
+    smallest recipe its LR stands for every smaller model, above the largest the largest's. None without a
+    parameter count."""
     if not params:
         return None
-    sized = [(v, r) for v, r in values("lr") if r.params]
-    near = [(v, r) for v, r in sized if r.params / 4 <= params <= r.params * 4]
+    sized = [(v, e) for v, e in values("lr") if entry_params(e)]
+    if not sized:
+        return None
+    near = [(v, e) for v, e in sized if entry_params(e) / 4 <= params <= entry_params(e) * 4]
     if not near:
-        smallest = min(sized, key=lambda x: x[1].params)
-        largest = max(sized, key=lambda x: x[1].params)
-        near = [smallest] if params < smallest[1].params else [largest]
+        smallest = min(sized, key=lambda x: entry_params(x[1]))
+        largest = max(sized, key=lambda x: entry_params(x[1]))
+        near = [smallest] if params < entry_params(smallest[1]) else [largest]
     lrs = [v for v, _ in near]
-    return min(lrs), max(lrs), [r for _, r in near]
+    return min(lrs), max(lrs), [e for _, e in near]
+
+
+def entry_params(e):
+    """An entry's parameter count: as its source states it, else from its shape (shape_params)."""
+    if isinstance(e.params, (int, float)) and e.params > 0:
+        return e.params
+    return shape_params(priors.getter(e.values))
+
+
+def shape_params(get):
+    """12 x layers x hidden^2 for the blocks (attention 4h², an MLP of 4h: 8h²; a gated MLP of width f: 3hf) plus
+    the embedding, from the keys an entry or a run states; None without a shape."""
+    h, layers = get("model.hidden_size"), get("model.num_layers")
+    if not h or not layers:
+        return None
+    ffn = get("model.ffn_hidden_size")
+    gated = get("model.arch") != "gpt2" and ffn
+    mlp = 3 * h * ffn if gated else 8 * h * h if not ffn else 2 * h * ffn
+    return layers * (4 * h * h + mlp) + (get("model.vocab_size") or 0) * h
 
 
 def lr_text(params):
     ref = lr_reference(params)
     if ref is None:
         return ""
-    lo, hi, recipes = ref
-    names = ", ".join(f"{r.name} {fmt(r.settings['lr'])}" for r in recipes)
-    return f"{names} ({'; '.join(dict.fromkeys(r.source for r in recipes))})"
+    lo, hi, entries = ref
+    names = ", ".join(f"{e.name} {fmt(e.values['train.lr'])}" for e in entries[:6])
+    more = f" and {len(entries) - 6} more" if len(entries) > 6 else ""
+    return f"{names}{more} (ms_llm/diagnose/priors/: {', '.join(dict.fromkeys(e.file for e in entries))})"
 
 
 def estimate_params(run):

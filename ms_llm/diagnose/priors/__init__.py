@@ -44,6 +44,7 @@ class Entry:
     values: dict
     params: Optional[float] = None
     file: str = ""
+    stage: str = "pretrain"  # pretrain | finetune (LoRA, SFT, preference: a released model trained further)
 
     def get(self, key):
         v = self.values.get(key)
@@ -169,8 +170,19 @@ def entries():
                              kind=str(e.get("kind") or doc.get("kind") or "shape"),
                              family=str(e.get("family") or doc.get("family") or ""),
                              values=dict(e.get("values") or {}), params=e.get("params"),
-                             file=os.path.basename(path)))
+                             file=os.path.basename(path), stage=stage_of(e, doc)))
     return tuple(out)
+
+
+FINETUNE_WORDS = ("finetune", "fine-tune", "lora", "sft", "dpo", "simpo", "qlora")
+
+
+def stage_of(entry, doc):
+    """An entry's `stage`, else its file's, else finetune when its name says so (MindFormers' finetune_*, lora_*)."""
+    stated = entry.get("stage") or doc.get("stage")
+    if stated:
+        return str(stated)
+    return "finetune" if any(w in str(entry.get("name", "")).lower() for w in FINETUNE_WORDS) else "pretrain"
 
 
 @functools.lru_cache(maxsize=None)

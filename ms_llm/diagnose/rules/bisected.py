@@ -7,6 +7,7 @@ import os
 
 from ms_llm.diagnose.common import Finding, cause, finite
 from ms_llm.rundir.names import BISECT
+from ms_llm.diagnose.registry import EVAL, rule
 
 FORMAT = "ms_llm.tune.bisect/1"  # the bisect's file format (ms_llm/tune/bisect.py writes it)
 
@@ -17,6 +18,7 @@ def load_bisect(run):
     return read_versioned_json(os.path.join(run.path, BISECT), FORMAT)
 
 
+@rule(finds=('bisected',), live=EVAL)
 def rule_bisected(run, found, _):
     doc = load_bisect(run)
     if not doc or not finite(doc.get("good_metric")) or not finite(doc.get("bad_metric")):

@@ -7,6 +7,7 @@ import re
 import statistics
 
 from ms_llm.diagnose.common import Finding, cause, points
+from ms_llm.diagnose.registry import EVAL, OFFLINE, rule
 
 HOT_C = 85.0            # sustained device temperature at or above this (Ascend/GPU throttle in the 85-95 C range)
 HOT_SHARE, HOT_MIN = 0.5, 3  # ... in half of the samples (at least 3)
@@ -123,6 +124,7 @@ def run_contention_text(c):
             f"samples")
 
 
+@rule(finds=('device_temperature',), reads=('throughput_uneven',), live=EVAL)
 def rule_temperature(run, found, _):
     samples = [s for s in telemetry(run) if s.get("devices")]
     if not samples:
@@ -226,6 +228,7 @@ def scan_logs(run, extra=None):
     return hits
 
 
+@rule(finds=('unsupported_op', 'out_of_memory'), live=OFFLINE)
 def rule_logs(run, found, _):
     hits = scan_logs(run, getattr(run, "extra_logs", None))
     out = []
@@ -275,6 +278,7 @@ def rule_logs(run, found, _):
 
 # --- multi-card speedup ----------------------------------------------------------------------------------
 
+@rule(finds=('poor_speedup',), live=EVAL)
 def rule_speedup(run, found, _):
     """Tokens/s per device against a single-rank run of the same model and micro batch under the same folder (the
     only evidence there is: nothing records the communication share during training). Not judged on CPU, where

@@ -15,6 +15,7 @@ conversations cut to the sample length).
 import statistics
 
 from ms_llm.diagnose.common import Finding, cause, curve, g, points, quoted
+from ms_llm.diagnose.registry import EVAL, rule
 
 EMPTY_FRAC = 0.02          # fewer than 2% of the target tokens in the loss: "almost none"
 PROMPT_GAP_ABS, PROMPT_GAP_REL = 0.3, 0.15   # prompt loss below the responses' by max(0.3 nats, 15%) ...
@@ -168,12 +169,14 @@ def rule_base_drift(run, found, _):
                     [first[0], extra[-1][0]])]
 
 
+@rule(finds=('loss_mask_empty', 'prompt_in_loss', 'base_drift'), reads=('labels',), live=EVAL)
 def rule_finetune(run, found, limit):
     """The three rules above. An empty mask explains a loss near zero better than the label rules' causes (targets
     not shifted): their finding is withdrawn in its favour."""
     out = []
     for rule in (rule_empty_mask, rule_prompt_in_loss, rule_base_drift):
         out += rule(run, found, limit) or []
-    if any(f.id == "loss_mask_empty" for f in out):
-        found.pop("labels", None)
+    for f in out:
+        if f.id == "loss_mask_empty":
+            f.supersedes = ["labels"]
     return out

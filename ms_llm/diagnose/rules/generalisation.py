@@ -18,6 +18,7 @@ from ms_llm.data.overlap import LEAK_WARN, SHIFT_WARN
 from ms_llm.diagnose.common import Finding, cause, curve, g, points, quoted
 from ms_llm.diagnose.references import dataset_dir, epochs_at, split_entropy, split_method, split_overlap, \
     train_samples
+from ms_llm.diagnose.registry import EVAL, rule
 
 MIN_EVALS = 3
 RISE_ABS, RISE_REL = 0.02, 0.02   # validation above its best by max(0.02, 2%) at the last two evaluations
@@ -32,6 +33,7 @@ def train_near(pts, step):
     return statistics.median(before) if before else None
 
 
+@rule(finds=('overfitting', 'generalisation_gap', 'distribution_shift'), reads=('loss_nonfinite', 'divergence', 'underfitting', 'labels'), live=EVAL)
 def rule_generalisation(run, found, _):
     evals = points(run.evals, "val_loss")
     pts = curve(run)
@@ -217,6 +219,7 @@ def shift_finding(run, evals, pts, curve_shape, shift):
 
 # --- validation holding near-copies of training text -----------------------------------------------------------
 
+@rule(finds=('val_leakage',), live=EVAL)
 def rule_leakage(run, found, _):
     entry, where = split_overlap(run)
     share = (entry or {}).get("val_shingles_in_train")

@@ -13,10 +13,11 @@ names the resume itself: state that did not come back as it was. A change that s
 import math
 import statistics
 
-from ms_llm.diagnose.common import Finding, cause, curve, g, points, quoted
+from ms_llm.diagnose.common import Explains, Finding, cause, curve, g, points, quoted
 from ms_llm.diagnose.history import resumes
 from ms_llm.diagnose.rules.device import run_contention
 from ms_llm.diagnose.references import trend
+from ms_llm.diagnose.registry import CHEAP, rule
 
 WINDOW = 8              # log records looked at on each side of a resume
 JUMP_REL, JUMP_Z = 0.05, 3.0  # a loss after the resume 5% and 3 noise deviations above its level before it (3, not
@@ -119,6 +120,7 @@ def speed_effect(run, n):
             f"({a / b:.2f}x)")
 
 
+@rule(finds=('resume_*',), reads=('divergence', 'loss_nonfinite', 'loss_spikes', 'loss_plateau', 'slow_progress', 'loss_not_falling', 'underfitting'), live=CHEAP)
 def rule_resume(run, found, _):
     out = []
     for r in resumes(run):
@@ -191,11 +193,11 @@ def change_finding(run, r, fid, training, effects, found):
     for k in ("loss_spikes", "divergence", "loss_nonfinite"):  # a jump: what starts right after the resume
         if k in found and (started_there(run, found[k], n) or (k == "loss_spikes" and any(
                 n < s <= n + SHOWS_AT * (run.cfg("train.log_interval") or 1) for s in found[k].steps))):
-            first(found[k], causes[0], actions[0], line)
+            f.explains.append(Explains(k, causes[0], actions[0], line))
     if kinds & {"rises", "stalled"}:  # a new slope: the progress judged over the run's late part is this one's
         for k in ("loss_plateau", "slow_progress", "loss_not_falling", "underfitting"):
             if k in found:
-                first(found[k], causes[0], actions[0], line)
+                f.explains.append(Explains(k, causes[0], actions[0], line))
     return f
 
 
@@ -224,7 +226,7 @@ def resume_finding(run, r, fid, effects, found):
                 actions, [n])
     for k in ("loss_spikes", "divergence"):
         if k in found and any(n < s <= n + SHOWS_AT * (run.cfg("train.log_interval") or 1) for s in found[k].steps):
-            first(found[k], causes[0], actions[0], effects[0][1])
+            f.explains.append(Explains(k, causes[0], actions[0], effects[0][1]))
     return f
 
 
@@ -232,15 +234,3 @@ def what(effects):
     """'loss jumped', 'loss rises', ...: the first (strongest) thing the curve did at the resume."""
     kind = effects[0][0]
     return {"jumped": "loss jumped", "rises": "loss rises from there", "stalled": "loss stalled"}.get(kind, kind)
-
-
-def first(f, c, action, line):
-    """Name the resume first in a finding that starts at it."""
-    if f.causes and f.causes[0] == c:
-        return
-    f.causes.insert(0, c)
-    if action not in f.actions:
-        f.actions.insert(0, action)
-    if line not in f.evidence:
-        f.evidence.append(line)
-

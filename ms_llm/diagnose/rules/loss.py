@@ -12,9 +12,11 @@ from ms_llm.diagnose.rules.settings import lr_judgement
 from ms_llm.rundir.divergence import (EXPLODE_FACTOR, SMOOTH, early_median, examine, line_above, nonfinite_symptom,
                                       nonfinite_val_symptom, smoothed, symptom)
 from ms_llm.rundir.start import judge_start
+from ms_llm.diagnose.registry import CHEAP, EVAL, rule
 
 # --- NaN / Inf --------------------------------------------------------------------------------------
 
+@rule(finds=('loss_nonfinite',), live=CHEAP)
 def rule_nonfinite(run, found, _):
     bad = [r for r in run.train if nonfinite(r.get("loss"))]
     if not bad:
@@ -86,6 +88,7 @@ def initial_start(run):
                        fresh=not run.cfg("checkpoint.load_weights"))
 
 
+@rule(finds=('bad_start',), live=CHEAP)
 def rule_start(run, found, _):
     start = initial_start(run)
     if start is None or start.verdict == "ok":
@@ -147,6 +150,7 @@ def config_of(run):
 
 # --- divergence -------------------------------------------------------------------------------------
 
+@rule(finds=('divergence',), live=CHEAP)
 def rule_divergence(run, found, _):
     d = examine(run)  # the criterion (rundir/divergence.py): sweep and lr-find stop on the same verdict
     if not d.diverged:
@@ -214,6 +218,7 @@ def rule_divergence(run, found, _):
 
 # --- suspicious labels ------------------------------------------------------------------------------
 
+@rule(finds=('labels',), live=EVAL)
 def rule_labels(run, found, _):
     if not run.token_loss:
         return None  # every level below (near 0, ln V, a val gap in nats) is one of next-token cross-entropy
@@ -290,6 +295,7 @@ def noise_scale(values, centre):
     return math.sqrt(sum(d * d for d in dev) / len(dev)) / 0.789
 
 
+@rule(finds=('loss_spikes',), reads=('divergence',), live=CHEAP)
 def rule_spikes(run, found, _):
     pts = curve(run)
     if "divergence" in found:

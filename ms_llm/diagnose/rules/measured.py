@@ -8,6 +8,7 @@ import statistics
 from ms_llm.diagnose.common import Finding, cause, finite, points, quoted
 from ms_llm.diagnose.measure import MEASURE_FILE, by_setting, faster_than, load_measure
 from ms_llm.diagnose.rules.device import OTHER_CORES
+from ms_llm.diagnose.registry import EVAL, rule
 
 SHARED_MARGIN = 0.2  # with other processes busy during the measurements, a setting must beat the run's by 20%
 HOST_DEPENDENT = ("context.num_threads",)  # settings whose best value depends on what else runs on the host
@@ -18,6 +19,7 @@ def combined(row):
     return row["name"].startswith("together: ")
 
 
+@rule(finds=('throughput_measured', 'throughput_left'), live=EVAL)
 def rule_measured(run, found, _):
     doc = load_measure(run)
     if not doc:

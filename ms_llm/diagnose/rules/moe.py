@@ -18,6 +18,7 @@ docs/debugging.md and docs/moe.md.
 import statistics
 
 from ms_llm.diagnose.common import Finding, cause, finite, g
+from ms_llm.diagnose.registry import CHEAP, rule
 
 MIN_WINDOW, WINDOW_SHARE = 5, 0.25   # sustained: the last max(5, 25%) of the log records
 COLLAPSE_WAY = 0.6      # collapsed: the top share is 60% of the way from the fair 1/E to the most one expert can
@@ -62,6 +63,7 @@ def aux_share(run, recs):
     return statistics.median(ratios) if ratios else None
 
 
+@rule(finds=('moe_*',), reads=('loss_nonfinite',), live=CHEAP)
 def rule_moe(run, found, _):
     e, k = experts_config(run)
     if e is None or not layers(run) or "loss_nonfinite" in found:

@@ -22,6 +22,7 @@ tens of steps, chosen log-prob flat or rising) produces no finding.
 import statistics
 
 from ms_llm.diagnose.common import Finding, cause, g, points
+from ms_llm.diagnose.registry import EVAL, rule
 
 WINDOW = 3                 # medians over this many log records at the start and the end
 MIN_RECORDS = 6            # a shape rule needs at least this many records with the metrics
@@ -259,6 +260,7 @@ def rule_reference_mismatch(run, found, _):
                     "policy's starting point", ev, causes, actions, [1])]
 
 
+@rule(finds=('likelihood_displacement', 'pairs_too_easy', 'margins_flat', 'reference_mismatch'), live=EVAL)
 def rule_preference(run, found, limit):
     """The four rules above, on a run that logs preference metrics; reference_mismatch first (pairs_too_easy reads
     it)."""

@@ -21,6 +21,7 @@ from ms_llm.diagnose.common import (FLAT_MIN_STEPS, FLAT_REL_DROP, MIN_RECORDS, 
 from ms_llm.diagnose.references import late_window, loss_at, siblings, trend, uniform_loss, unigram_entropy
 from ms_llm.diagnose.rules.schedule import SLOW, causes_for
 from ms_llm.diagnose.rules.settings import lr_judgement
+from ms_llm.diagnose.registry import EVAL, OFFLINE, rule
 
 SLOW_MIN_STEPS = 200     # a loss still above the unigram entropy this late (and past 2x warmup) is slow
 UNIGRAM_BAND = 0.04      # flat within 4% of the unigram entropy: the context-free level
@@ -29,6 +30,7 @@ SIB_ABS, SIB_REL, SIB_SPREAD = 0.05, 0.05, 3.0  # behind siblings by max(0.05, 5
 TINY_HIDDEN = 16         # a model narrower than this may be unable to use the context at all
 
 
+@rule(finds=('slow_progress', 'loss_plateau', 'loss_not_falling'), reads=('loss_nonfinite', 'divergence', 'moe_aux_too_large', 'bad_start', 'underfitting'), live=EVAL)
 def rule_progress(run, found, limit):
     if "loss_nonfinite" in found or "divergence" in found or "moe_aux_too_large" in found:
         return None  # those explain the curve better
@@ -218,6 +220,7 @@ def lr_step_share(run):
 
 # --- sibling runs ------------------------------------------------------------------------------------
 
+@rule(finds=('behind_siblings',), reads=('loss_nonfinite', 'divergence', 'moe_aux_too_large'), live=OFFLINE)
 def rule_siblings(run, found, _):
     if "loss_nonfinite" in found or "divergence" in found or "moe_aux_too_large" in found:
         return None

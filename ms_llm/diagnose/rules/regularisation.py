@@ -16,6 +16,7 @@ from ms_llm.diagnose.common import MIN_RECORDS, Finding, cause, curve, finite, g
 from ms_llm.diagnose.references import late_window, split_entropy, trend, unigram_entropy
 from ms_llm.diagnose.rules.generalisation import shift_evidence
 from ms_llm.diagnose.rules.progress import SLOW_MIN_STEPS, UNIGRAM_BAND
+from ms_llm.diagnose.registry import EVAL, rule
 
 MIN_EVALS = 3
 TRAIN_LEARNED = 0.10     # a training loss 10% below its unigram entropy has learned context: not this finding
@@ -26,6 +27,7 @@ DROPOUT_NOISE = 0.05     # training loss (dropout on) above validation (dropout 
 TOKENS_PER_PARAM = 1000  # far past the ~20 tokens per parameter of a compute-optimal model
 
 
+@rule(finds=('underfitting',), reads=('loss_nonfinite', 'divergence', 'bad_start', 'moe_aux_too_large'), live=EVAL)
 def rule_underfitting(run, found, _):
     if any(k in found for k in ("loss_nonfinite", "divergence", "bad_start", "moe_aux_too_large")):
         return None  # those explain a high loss first

@@ -1,8 +1,10 @@
 """`ms-llm diagnose` on the run's remote copies: checkpoints that never reached checkpoint.remote_dir."""
 from ms_llm.diagnose.common import Finding, cause, quoted, steps_text
 from ms_llm.rundir.uploads import remote_copies
+from ms_llm.diagnose.registry import EVAL, rule
 
 
+@rule(finds=('remote_copies',), live=EVAL)
 def rule_remote_copies(run, found, _):
     copies = remote_copies(run)
     if copies is None or not copies.only_local:

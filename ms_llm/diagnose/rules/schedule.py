@@ -14,9 +14,10 @@ import math
 
 from ms_llm.diagnose import recipes
 from ms_llm.diagnose.causes import grad_rms, lr_reached
-from ms_llm.diagnose.common import Finding, _memo, cause, g
+from ms_llm.diagnose.common import Explains, Finding, _memo, cause, g
 from ms_llm.diagnose.rules import published, settings
-from ms_llm.diagnose.rules.suspect import MEASURED, SLOW, UNSTABLE, Suspect, shown
+from ms_llm.diagnose.rules.suspect import MEASURED, SHOWN_IDS, SLOW, UNSTABLE, Suspect, shown
+from ms_llm.diagnose.registry import CHEAP, rule
 
 WARMUP_SHARE = 0.5          # warmup over half the run (the recipes: 0.13-3% of the steps, recipes.py)
 DECAY_EARLY, DECAY_LATE = 0.5, 1.5   # decay ending before 50% or after 150% of max_steps
@@ -142,6 +143,7 @@ def causes_for(run, effect):
             [setting_line(s) for s in out])
 
 
+@rule(finds=('config_*',), reads=SHOWN_IDS, live=CHEAP)
 def rule_schedule(run, found, _):
     """Run after the curve rules: each suspect is a finding when the run shows its effect (a curve finding, or its
     own evidence), and then the first cause of the findings it explains when its numbers are strong; otherwise a
@@ -171,21 +173,10 @@ def rule_schedule(run, found, _):
             causes.append(cause(f"besides: {p.cause}", "medium" if p.strong else "low"))
         actions += s.experiment if (peers or s.experiment) and not measured else []
         steps = findings[0].steps if findings else [run.steps_done]
-        out.append(Finding(f"config_{s.id}", "warning", f"config: {s.cause}", ev, causes, actions, steps))
-        if s.strong:
-            for f in findings:
-                name_first(f, s)
+        f = Finding(f"config_{s.id}", "warning", f"config: {s.cause}", ev, causes, actions, steps)
+        if s.strong or measured:
+            # the suspect leads the findings it explains (not a resume's change: its cause is the key's change)
+            f.explains = [Explains(t.id, cause(s.cause, "high"), s.action, setting_line(s), key=s.key)
+                          for t in findings if t.id not in MEASURED and not t.id.startswith("resume_change")]
+        out.append(f)
     return out
-
-
-def name_first(f, s):
-    """Make the suspect the first cause of a finding it explains (unless that cause already names its key, or the
-    finding names a setting itself: a resume's change)."""
-    if not f.causes or (s.key and s.key in f.causes[0]) or f.id.startswith("resume_change"):
-        return
-    f.causes[:] = [cause(s.cause, "high")] + [c for c in f.causes if not (s.key and s.key in c)]
-    if s.action not in f.actions:
-        f.actions.insert(0, s.action)
-    line = setting_line(s)
-    if line not in f.evidence:
-        f.evidence.append(line)

@@ -25,6 +25,7 @@ SHOWN_BY = {
     START: ("bad_start",),
     COST: ("throughput_left", "bisected", "low_mfu"),
 }
+SHOWN_IDS = tuple(dict.fromkeys(i for ids in SHOWN_BY.values() for i in ids)) + ("resume_change*",)  # rule_schedule reads
 # measured findings (a bisect, a timed setting) show a suspect only when what they measured is the suspect's key
 MEASURED = ("throughput_left", "bisected")
 

@@ -6,6 +6,7 @@ from ms_llm.diagnose.common import (CLIP_RATIO, CLIP_SHARE, DATA_WAIT_FRAC, Find
     LOW_MFU_MIN_HIDDEN, MEMORY_FRAC, MIN_RECORDS, OVERFLOW_MIN, OVERFLOW_SHARE, SCALE_DROPS_MIN, SCALE_DROPS_SHARE,
     SLOW_FRAC, SLOW_MIN_RECORDS, SLOW_SHARE, cause, finite, g, lr_actions, points, quoted, steps_text)
 from ms_llm.diagnose.rules.device import contention_text, host_contention, run_contention, run_contention_text
+from ms_llm.diagnose.registry import CHEAP, EVAL, rule
 
 CONTENDED_SHARE = 0.75   # slow records that coincide with host load: host contention, a note
 MEM_GROWTH_ABS, MEM_GROWTH_REL = 0.05, 0.10  # memory growing by 50 MiB and 10% (first third → last third) ...
@@ -46,6 +47,7 @@ def profiled(run):
     return {r["step"] for r in run.train for a, b in windows if r["step"] > a and r["step"] - interval < b}
 
 
+@rule(finds=('data_wait',), live=EVAL)
 def rule_data_wait(run, found, _):
     pts = steady(run, "data_wait_frac")
     if len(pts) < MIN_RECORDS or statistics.median(v for _, v in pts) <= DATA_WAIT_FRAC:
@@ -114,6 +116,7 @@ def step_speed(run):
             for s, v in steady(run, "tokens_per_s")]
 
 
+@rule(finds=('throughput_uneven', 'host_contention'), live=EVAL)
 def rule_uneven(run, found, _):
     pts = step_speed(run)
     if len(pts) < SLOW_MIN_RECORDS:
@@ -233,6 +236,7 @@ def _telemetry_loads(run):
     return (s for s in telemetry(run) if isinstance(s.get("load1"), (int, float)) or "cpu_util_pct" in s)
 
 
+@rule(finds=('low_mfu',), reads=('data_wait',), live=EVAL)
 def rule_low_mfu(run, found, _):
     pts = steady(run, "mfu")
     hidden = run.cfg("model.hidden_size")
@@ -261,6 +265,7 @@ def rule_low_mfu(run, found, _):
 
 # --- loss-scale overflows ---------------------------------------------------------------------------
 
+@rule(finds=('loss_scale',), live=CHEAP)
 def rule_loss_scale(run, found, _):
     recs = run.train
     if len(recs) < 2:
@@ -294,6 +299,7 @@ def rule_loss_scale(run, found, _):
 
 # --- memory -----------------------------------------------------------------------------------------
 
+@rule(finds=('memory',), live=EVAL)
 def rule_memory(run, found, limit):
     mems = points(run.train, "mem_gib")
     peak = max([v for _, v in mems] + ([run.final["peak_mem_gib"]] if finite(run.final.get("peak_mem_gib")) else []),
@@ -322,6 +328,7 @@ def rule_memory(run, found, limit):
 
 # --- gradients always clipped ----------------------------------------------------------------------
 
+@rule(finds=('always_clipped',), reads=('divergence', 'loss_nonfinite', 'slow_progress', 'loss_not_falling', 'loss_plateau'), live=EVAL)
 def rule_always_clipped(run, found, _):
     clip = run.cfg("train.clip_grad")
     # only the stretch before a divergence or NaN: norms that grow with it are that finding's evidence
@@ -363,6 +370,7 @@ def rule_always_clipped(run, found, _):
                              f"needed while the loss falls"])]
 
 
+@rule(finds=('memory_growth',), live=CHEAP)
 def rule_memory_growth(run, found, limit):
     """Memory that keeps growing over the run: a leak (host RSS on CPU, device memory on accelerators)."""
     resume = max((e["step"] for e in run.events if e.get("event") == "resume"), default=None)
@@ -519,6 +527,7 @@ def one_off_explosion(run, recs):
     return lines
 
 
+@rule(finds=('stats_*',), live=CHEAP)
 def rule_stats(run, found, _):
     out = []
     for flag, text in FLAGS.items():
@@ -552,6 +561,7 @@ def rule_stats(run, found, _):
 
 # --- events ----------------------------------------------------------------------------------------
 
+@rule(finds=('preemptions', 'stopped_by_diagnosis', 'anomalies', 'unfinished', 'unreadable_lines'), live=EVAL)
 def rule_events(run, found, _):
     out = []
     stops = [e for e in run.events if e.get("event") in ("preempted", "stop_at_step")]

@@ -9,12 +9,14 @@ level (1 / choices, averaged over its documents), with the documents each evalua
 import math
 
 from ms_llm.diagnose.common import Finding, cause, finite, g, points
+from ms_llm.diagnose.registry import EVAL, rule
 
 MIN_TASK_EVALS = 2   # evaluations of the task (the at-start one counts): one alone shows no trend
 VAL_FALL = 0.05      # the validation loss fell by at least 5% (relative) between its first and last evaluation
 AT_CHANCE_ABS = 0.02
 
 
+@rule(finds=('task_at_chance_*',), reads=('loss_nonfinite', 'divergence'), live=EVAL)
 def rule_tasks(run, found, _):
     if not run.task_evals or any(k in found for k in ("loss_nonfinite", "divergence")):
         return None

@@ -13,6 +13,7 @@ import statistics
 
 from ms_llm.diagnose.common import Finding, cause, finite, g, quoted
 from ms_llm.rundir.walltime import HOOK_KEYS, HOOK_NAMES, account, describe, duration, segments
+from ms_llm.diagnose.registry import EVAL, rule
 
 PHASE_SHARE = 0.30      # a recurring phase taking 30% of the recurring time (training steps + data wait + phases)
 TARGET_SHARE = 0.05     # the suggested settings bring it to about this
@@ -69,6 +70,7 @@ def recurring(run, acc):
     return out
 
 
+@rule(finds=('wall_time*',), live=EVAL)
 def rule_wall_time(run, found, _):
     acc = account(run)
     if acc is None:
@@ -285,6 +287,7 @@ def run_step_ms(run):
     return statistics.median(v for _, v in pts) if pts else None
 
 
+@rule(finds=('speed_settings', 'slower_than_machine'), live=EVAL)
 def rule_machine_speed(run, found, _):
     bench, path = load_benchmark(run)
     ms = run_step_ms(run)
