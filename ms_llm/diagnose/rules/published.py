@@ -40,6 +40,8 @@ def number(v):
 
 def distance(value, refs, scale):
     """(factor, side) of `value` outside the span of `refs` on `scale` (factor 1: inside), or None."""
+    if any(value == r for r in refs):
+        return 1.0, "inside"  # a published value itself (0: off, as some recipes have it)
     to = SCALES[scale]
     t = to(value)
     ts = [x for x in (to(r) for r in refs) if math.isfinite(x)]
@@ -169,6 +171,11 @@ def choice_suspect(run, key, spec, get):
         return None
     pub = priors.published(key)
     used = [v for v, _ in pub.values]
+    default = priors_default(key)
+    if isinstance(default, bool):  # a released model's config.json that lacks a feature does not have it
+        stated = {e.name for _, e in pub.values}
+        used += [default for e in priors.entries() if e.kind == "shape" and e.name not in stated
+                 and priors.applies(spec.get("when"), priors.getter(e.values, e.params))]
     if len(used) < int(spec.get("min", MIN_CHOICES)) or value in used:
         return None
     common = max(set(used), key=used.count)
@@ -185,8 +192,10 @@ def choice_suspect(run, key, spec, get):
 def measure_suspect(run, key, spec, get):
     """A speed setting away from ms_llm's default: a cost suspect, measured by `diagnose --measure`."""
     value, default = get(key), priors_default(key)
-    if value is None or value == default or default is None and value is None:
+    if value is None or value == default:
         return None
+    if "costs" in spec and value not in spec["costs"]:
+        return None  # the other side of this setting is the faster one (asynchronous saves, more readers)
     if number(value) and number(default):
         if not spec.get("scale"):
             return None  # judged by measure.py's own variants (accumulation, threads, readers)
