@@ -63,6 +63,7 @@ CHECK_SCRIPT = """
 
 SECTIONS = (("summary", "Runs"), ("differences", "Differences"), ("curves", "Curves"), ("events", "Events"),
             ("telemetry", "Telemetry"), ("heatmap", "Per-layer statistics"), ("diagnosis", "Diagnosis"),
+            ("bisect", "Bisect"),
             ("profile", "Profiler top 10"), ("config", "Config and environment"))
 
 

@@ -54,6 +54,7 @@ def render(runs, align, title, diagnose=None):
         "telemetry": f'<div class="grid">{"".join(grids["telemetry"])}</div>' if grids.get("telemetry") else None,
         "heatmap": f'<div class="grid">{"".join(grids["heatmap"])}</div>' if grids.get("heatmap") else None,
         "diagnosis": diagnosis_section(runs, diagnose) if diagnose else None,
+        "bisect": bisect_section(runs),
         "profile": profile_section(runs),
         "config": config_section(runs),
     }
@@ -147,6 +148,35 @@ def diagnosis_section(runs, diagnose):
                        f'</ul>likely causes:<ol>{items(f.causes)}</ol>actions:<ul>{items(f.actions)}</ul></div>'
                        f'</details>')
     return "".join(out)
+
+
+def bisect_section(runs):
+    """A run directory's bisect.json (`ms-llm debug bisect`, `ms-llm diagnose RUN --measure`): every short run, the
+    settings of BAD it applied to GOOD, its metric and which side it landed on, and the verdict."""
+    import json
+
+    from ms_llm.rundir.names import BISECT
+
+    out = []
+    for rd in runs:
+        try:
+            with open(os.path.join(rd.path, BISECT), encoding="utf-8") as f:
+                doc = json.load(f)
+            good, bad, metric = float(doc["good_metric"]), float(doc["bad_metric"]), str(doc["metric"])
+            gap = (bad - good) or 1.0
+            rows = []
+            for r in doc.get("runs") or []:
+                share = (float(r["metric"]) - good) / gap
+                rows.append([r.get("label"), ", ".join(r.get("applied") or []) or "(none)", r.get("metric"),
+                             f"{100 * share:.0f}% of the way to BAD", r.get("run_dir")])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # no bisect here, or a file this version does not read
+        out.append(f"<h3>{page.esc(rd.name)}: {page.esc(doc.get('verdict') or '')}</h3>"
+                   f'<p class="note">GOOD = {page.esc(doc.get("good"))}, BAD = {page.esc(doc.get("bad"))}, '
+                   f'{page.esc(metric)} after {page.esc(doc.get("steps"))} steps</p>'
+                   + page.table(["run", "BAD's settings applied to GOOD", metric, "where it landed", "run directory"],
+                                rows, numeric=(2,)))
+    return "".join(out) or None
 
 
 def profile_section(runs):

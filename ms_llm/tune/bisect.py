@@ -9,8 +9,10 @@ when its metric lies at least BAD_SIDE of the way from GOOD's to BAD's:
     1. GOOD and BAD themselves (reused when a run directory already trained exactly that config for those steps);
     2. the first half of the differing keys applied to GOOD: it reproduces BAD → the cause is in that half; it stays
        at GOOD → the cause is in the other half; in between → both halves contribute, each is bisected;
-    3. down to one key, which is then run on its own if no run has shown it alone; when it does not reproduce BAD
-       alone, it acts only with another key: the others are bisected with it applied, and the pair is reported.
+    3. down to one key; the set found is confirmed by a run of exactly it. When neither half alone reproduces BAD,
+       the cause needs parts of both (two keys acting together, or each explaining a part): the part of each half
+       needed with the other applied is searched, and every key of such a set is also run alone, to say how far
+       each goes by itself.
 
 That is about ceil(log2 k) + 2 runs for k differing keys. The plan and its cost are printed before anything runs,
 each run shows progress and the bisect's ETA (the ladder's launcher, ladder/launch.py), runs go under
@@ -187,33 +189,39 @@ class Bisect:
         f = self.fraction(value)
         return "BAD" if f >= BAD_SIDE else "GOOD" if f <= GOOD_SIDE else f"between ({100 * f:.0f}% of the way)"
 
-    def alone(self, keys, base):
-        """Whether a run with exactly base + keys applied has been made, and its fraction."""
-        want = set(base) | set(keys)
-        for r in self.runs[2:]:
-            if set(r["applied"]) == want:
-                return self.fraction(r["metric"])
-        return None
+    def share(self, applied):
+        """How far a run with `applied` (BAD's values of those keys on GOOD) lies from GOOD toward BAD (0 to 1)."""
+        return self.fraction(self.trial(self.name(applied), list(applied)))
 
-    def search(self, keys, base=()):
-        """The smallest sets of keys (with `base` applied) that reproduce BAD: [tuple of keys]."""
+    def minimal(self, keys, base=(), assume=True):
+        """The smallest part of `keys` that, with `base` applied too, reproduces BAD (base + keys does; base alone
+        does not). Halves: the first reproduces BAD → search it; it stays at GOOD → (`assume`: the cause is in the
+        second half, checked once at the end by search) search the second; otherwise the second is run too, and
+        when neither alone reproduces BAD the cause needs parts of both: the part of each half needed with the
+        other applied."""
+        keys = list(keys)
         if len(keys) == 1:
-            f = self.alone(keys, base)
-            if f is None:
-                f = self.fraction(self.trial(self.name(keys), list(base) + list(keys)))
-            if f >= BAD_SIDE or base:
-                return [tuple(base) + tuple(keys)]
-            # it does not reproduce BAD on its own: it acts with another key (an interaction); find that one
-            others = [k for k, _, _ in self.diff if k not in keys]
-            return self.search(others, base=tuple(keys)) if others else [tuple(keys)]
-        half = keys[:len(keys) // 2]
-        rest = keys[len(keys) // 2:]
-        f = self.fraction(self.trial(self.name(half), list(base) + list(half)))
-        if f >= BAD_SIDE:
-            return self.search(half, base)
-        if f <= GOOD_SIDE:
-            return self.search(rest, base)
-        return self.search(half, base) + self.search(rest, base)
+            return keys
+        half, rest = keys[:len(keys) // 2], keys[len(keys) // 2:]
+        f1 = self.share(list(base) + half)
+        if f1 >= BAD_SIDE:
+            return self.minimal(half, base, assume)
+        if f1 <= GOOD_SIDE and assume:
+            return self.minimal(rest, base, assume)
+        if self.share(list(base) + rest) >= BAD_SIDE:
+            return self.minimal(rest, base, assume)
+        first = self.minimal(half, list(base) + rest, assume)
+        return first + self.minimal(rest, list(base) + first, assume)
+
+    def search(self, keys):
+        """The smallest set of keys that reproduces BAD, confirmed by a run of exactly that set."""
+        found = self.minimal(keys)
+        if self.share(found) < BAD_SIDE:  # the shortcut assumed a half that did nothing held no part of the cause
+            found = self.minimal(keys, assume=False)
+        if len(found) > 1:  # what each explains alone
+            for k in found:
+                self.share([k])
+        return found
 
     @staticmethod
     def name(keys):
@@ -259,13 +267,17 @@ class Bisect:
             self.echo(f"bisect: GOOD and BAD differ by {abs(self.gap):.3g} in {self.metric} (less than {need:.3g}): "
                       f"none of the {len(all_keys)} settings changes it measurably at {self.steps} steps")
         else:
-            found = self.search(all_keys) if len(all_keys) > 1 else [tuple(all_keys)]
+            found = self.search(all_keys) if len(all_keys) > 1 else list(all_keys)
         return self.write(found)
 
     def write(self, found):
         diff = {k: (a, b) for k, a, b in self.diff}
-        rows = [{"keys": list(keys), "values": [{"key": k, "good": diff[k][0], "bad": diff[k][1]} for k in keys],
-                 "metric": self.alone_metric(keys)} for keys in found]
+        rows = []
+        if found:
+            rows = [{"keys": list(found), "values": [{"key": k, "good": diff[k][0], "bad": diff[k][1]} for k in found],
+                     "metric": self.alone_metric(found),
+                     "alone": [{"key": k, "metric": self.alone_metric([k]),
+                                "share": self.fraction(self.alone_metric([k]))} for k in found]}]
         last = self.last_line(found)
         doc = {"format": FORMAT, "good": self.good_label, "bad": self.bad_label, "metric": self.metric,
                "steps": self.steps, "differing": [{"key": k, "good": a, "bad": b} for k, a, b in self.diff],
@@ -285,16 +297,15 @@ class Bisect:
         return None
 
     def last_line(self, found):
+        change = f"{self.metric} {self.m_good:.4g} → {self.m_bad:.4g} ({len(self.runs)} runs)"
         if not found:
-            return (f"bisect: no setting explains {self.metric} {self.m_good:.4g} → {self.m_bad:.4g} "
-                    f"({len(self.runs)} runs)")
+            return f"bisect: no setting explains {change}"
         diff = {k: (a, b) for k, a, b in self.diff}
-        parts = []
-        for keys in found:
-            named = ", ".join(f"{k} ({shown(diff[k][0])} → {shown(diff[k][1])})" for k in keys)
-            parts.append(named + (" together (neither alone)" if len(keys) > 1 else ""))
-        return (f"bisect: {'; '.join(parts)} explain{'s' if len(found) == 1 and len(found[0]) == 1 else ''} "
-                f"{self.metric} {self.m_good:.4g} → {self.m_bad:.4g} ({len(self.runs)} runs)")
+        named = [f"{k} ({shown(diff[k][0])} → {shown(diff[k][1])})" for k in found]
+        if len(found) == 1:
+            return f"bisect: {named[0]} explains {change}"
+        alone = ", ".join(f"{k} {100 * self.fraction(self.alone_metric([k])):.0f}%" for k in found)
+        return f"bisect: {' and '.join(named)} together explain {change}; alone, each goes this far: {alone}"
 
 
 def table(doc):

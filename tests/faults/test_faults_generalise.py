@@ -50,7 +50,8 @@ def test_u_a_start_far_above_ln_v_is_the_init_not_the_learning_rate(dataset, tmp
     first = json.loads(open(run / "metrics.jsonl").readline())
     assert first["initial_loss"] > 1.5 * 4.1  # recorded before any update
     found = shown(run)
-    assert headline(found).id == "bad_start", finding_text(found)
+    # the setting first, then the start it explains, led by it
+    assert [f.id for f in alarms(found)][:2] == ["config_init_std", "bad_start"], finding_text(found)
     first_cause(found, "bad_start", "model.init_std = 1", confidence="high")
     assert "divergence" not in {f.id for f in found}, finding_text(found)  # the old "LR too high [high]"
 
@@ -59,7 +60,8 @@ def test_v_dropout_09_is_named_and_its_experiment_separates_it(dataset, tmp_path
     run = tmp_path / "dropout"
     train(tiny_cfg(dataset, *sets("model.dropout=0.9", "train.max_steps=200", "train.eval_interval=50")), run)
     found = shown(run)
-    assert headline(found).id == "underfitting", finding_text(found)
+    # the setting first, then the stall it explains, led by it
+    assert [f.id for f in alarms(found)][:2] == ["config_dropout", "underfitting"], finding_text(found)
     f = first_cause(found, "underfitting", "model.dropout = 0.9", confidence="high")
     val_h = json.load(open(os.path.join(dataset, "manifest.json")))["stats"]["val"]["unigram_entropy_nats"]
     assert f"{val_h:.4g}" in f.symptom

@@ -35,13 +35,18 @@ def rule_bisected(run, found, _):
                         f"setting(s) bisected changes {metric} measurably at {doc.get('steps')} steps", ev,
                         [cause("the settings tried did nothing measurable at this length", "high")],
                         [doc.get("verdict") or ""])]
-    named = []
-    for row in rows:
-        named.append(", ".join(f"{v['key']} ({v['good']} → {v['bad']})" for v in row.get("values") or []))
-    sets = [f"--set {v['key']}={v['good']}" for row in rows for v in row.get("values") or []]
-    symptom = (f"measured: {'; '.join(named)} explain{'s' if len(named) == 1 else ''} {metric} {good:.4g} → "
-               f"{bad:.4g} (bisect of {len(runs)} runs)")
-    causes = [cause(f"{n}: measured, the run with it alone reproduces the difference" if len(row.get("keys") or []) == 1
-                    else f"{n}: measured, together (neither alone reproduces it)", "high")
-              for n, row in zip(named, rows)]
+    row = rows[0]
+    values = row.get("values") or []
+    alone = {a.get("key"): a.get("share") for a in row.get("alone") or []}
+    named = [f"{v['key']} ({v['good']} → {v['bad']})" for v in values]
+    sets = [f"--set {v['key']}={v['good']}" for v in values]
+    together = len(named) > 1
+    symptom = (f"measured: {' and '.join(named)} {'together explain' if together else 'explains'} {metric} "
+               f"{good:.4g} → {bad:.4g} (bisect of {len(runs)} runs)")
+    if together:
+        causes = [cause(f"{n}: measured, with the other key(s) of the set; alone it goes "
+                        f"{100 * alone[v['key']]:.0f}% of the way" if finite(alone.get(v["key"])) else
+                        f"{n}: measured, with the other key(s) of the set", "high") for n, v in zip(named, values)]
+    else:
+        causes = [cause(f"{named[0]}: measured, the run with it alone reproduces the difference", "high")]
     return [Finding("bisected", "warning", symptom, ev, causes, [" ".join(sets) + " (the GOOD side's values)"])]

@@ -6,7 +6,8 @@ import os
 import re
 import statistics
 
-from ms_llm.diagnose.common import Finding, cause, points
+from ms_llm.diagnose.common import Finding, cause
+from ms_llm.diagnose.evidence import median_speed
 from ms_llm.diagnose.registry import EVAL, OFFLINE, rule
 
 HOT_C = 85.0            # sustained device temperature at or above this (Ascend/GPU throttle in the 85-95 C range)
@@ -287,7 +288,7 @@ def rule_speedup(run, found, _):
     target = (run.info.get("device") or {}).get("target") or run.cfg("context.device_target")
     if world <= 1 or target == "CPU":
         return None
-    mine = steady_median(run)
+    mine = median_speed(run)
     single = single_rank_sibling(run)
     if mine is None or single is None:
         return None
@@ -310,11 +311,6 @@ def rule_speedup(run, found, _):
                     f"({100 * eff:.0f}% efficiency)", ev, causes, actions)]
 
 
-def steady_median(run):
-    tps = [v for _, v in points(run.train, "tokens_per_s")][1:]
-    return statistics.median(tps) if tps else None
-
-
 def single_rank_sibling(run):
     from ms_llm.rundir.reader import is_run_dir, load_run
 
@@ -332,7 +328,7 @@ def single_rank_sibling(run):
             continue
         if all((other.config.get(k) if "." not in k else other.cfg(k)) == (run.config.get(k) if "." not in k else
                                                                           run.cfg(k)) for k in keys):
-            base = steady_median(other)
+            base = median_speed(other)
             if base:
                 return base, other
     return None

@@ -174,8 +174,8 @@ def rule_finetune(run, found, limit):
     """The three rules above. An empty mask explains a loss near zero better than the label rules' causes (targets
     not shifted): their finding is withdrawn in its favour."""
     out = []
-    for rule in (rule_empty_mask, rule_prompt_in_loss, rule_base_drift):
-        out += rule(run, found, limit) or []
+    for judge in (rule_empty_mask, rule_prompt_in_loss, rule_base_drift):
+        out += judge(run, found, limit) or []
     for f in out:
         if f.id == "loss_mask_empty":
             f.supersedes = ["labels"]

@@ -12,6 +12,7 @@ from ms_llm.diagnose.rules.settings import lr_judgement
 from ms_llm.rundir.divergence import (EXPLODE_FACTOR, SMOOTH, early_median, examine, line_above, nonfinite_symptom,
                                       nonfinite_val_symptom, smoothed, symptom)
 from ms_llm.rundir.start import judge_start
+from ms_llm.diagnose.evidence import before_cut
 from ms_llm.diagnose.registry import CHEAP, EVAL, rule
 
 # --- NaN / Inf --------------------------------------------------------------------------------------
@@ -295,11 +296,9 @@ def noise_scale(values, centre):
     return math.sqrt(sum(d * d for d in dev) / len(dev)) / 0.789
 
 
-@rule(finds=('loss_spikes',), reads=('divergence',), live=CHEAP)
+@rule(finds=('loss_spikes',), live=CHEAP)
 def rule_spikes(run, found, _):
-    pts = curve(run)
-    if "divergence" in found:
-        pts = [p for p in pts if p[0] < found["divergence"].steps[0]]
+    pts = before_cut(run, curve(run))
     # z-score of the jump from the previous record against the previous jumps: the trend of a falling loss
     # cancels out
     jumps = [pts[i][1] - pts[i - 1][1] for i in range(1, len(pts))]

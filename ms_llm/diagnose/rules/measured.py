@@ -3,11 +3,10 @@ computation (`ms-llm diagnose RUN --measure`, ../measure.py, RUN/measure.json). 
 faster than the run's own settings by more than the noise of two measurements of those (and MARGIN) is named,
 with the tokens/s of every setting measured. Measurements taken while other processes kept the CPU busy say so, and
 the margin is raised (SHARED_MARGIN) beside the measured noise."""
-import statistics
-
-from ms_llm.diagnose.common import Finding, cause, finite, points, quoted
+from ms_llm.diagnose.common import Finding, cause, finite, quoted
 from ms_llm.diagnose.measure import MEASURE_FILE, by_setting, faster_than, load_measure
 from ms_llm.diagnose.rules.device import OTHER_CORES
+from ms_llm.diagnose.evidence import median_speed
 from ms_llm.diagnose.registry import EVAL, rule
 
 SHARED_MARGIN = 0.2  # with other processes busy during the measurements, a setting must beat the run's by 20%
@@ -31,13 +30,13 @@ def rule_measured(run, found, _):
     busy = [r for r in rows if finite(r.get("other_cores")) and r["other_cores"] >= OTHER_CORES]
     base, need, faster = faster_than(rows, SHARED_MARGIN if busy else 0.0)
     own = next(rounds for row, rounds in settings.values() if not row["sets"])
-    logged = [v for _, v in points(run.train, "tokens_per_s")][1:]
+    logged = median_speed(run)
     ev = [f"{MEASURE_FILE}: {len(rows)} benchmarks ({len(settings)} settings x {doc.get('rounds', 1)} rounds) of "
           f"{doc.get('steps')} steps in {doc.get('duration_s')} s, each at its 10th-percentile step; the run's "
           f"settings " + ", ".join(f"{v:,.0f}" for _, v in sorted(own.items())) + " tokens/s by round; a setting "
           f"counts as faster when it beats them by {100 * need:.0f}% in every round"]
     if logged:
-        ev.append(f"the run itself logged a median {statistics.median(logged):,.0f} tokens/s")
+        ev.append(f"the run itself logged a median {logged:,.0f} tokens/s (its steps alone)")
     for row, rounds in settings.values():
         if row["sets"]:
             ratios = [v / own[k] for k, v in sorted(rounds.items()) if k in own]

@@ -267,8 +267,8 @@ def rule_preference(run, found, limit):
     if not preference_run(run):
         return []
     out = []
-    for rule in (rule_reference_mismatch, rule_displacement, rule_too_easy, rule_margins_flat):
-        new = rule(run, found, limit) or []
+    for judge in (rule_reference_mismatch, rule_displacement, rule_too_easy, rule_margins_flat):
+        new = judge(run, found, limit) or []
         for f in new:
             found[f.id] = f
         out += new

@@ -194,6 +194,8 @@ def measure_suspect(run, key, spec, get):
     value, default = get(key), priors_default(key)
     if value is None or value == default:
         return None
+    if "costs" not in spec and not spec.get("scale"):
+        return None  # judged by measure.py's own variants (accumulation, threads, readers)
     if "costs" in spec and value not in spec["costs"]:
         return None  # the other side of this setting is the faster one (asynchronous saves, more readers)
     if number(value) and number(default):

@@ -6,6 +6,7 @@ from ms_llm.diagnose.common import (CLIP_RATIO, CLIP_SHARE, DATA_WAIT_FRAC, Find
     LOW_MFU_MIN_HIDDEN, MEMORY_FRAC, MIN_RECORDS, OVERFLOW_MIN, OVERFLOW_SHARE, SCALE_DROPS_MIN, SCALE_DROPS_SHARE,
     SLOW_FRAC, SLOW_MIN_RECORDS, SLOW_SHARE, cause, finite, g, lr_actions, points, quoted, steps_text)
 from ms_llm.diagnose.rules.device import contention_text, host_contention, run_contention, run_contention_text
+from ms_llm.diagnose.evidence import before_cut, profiled, record_seconds, step_seconds, step_speed, steady
 from ms_llm.diagnose.registry import CHEAP, EVAL, rule
 
 CONTENDED_SHARE = 0.75   # slow records that coincide with host load: host contention, a note
@@ -19,33 +20,6 @@ UNEVEN_MIN_LOST_S = 2.0     # uneven throughput is a warning when its slow recor
 UNEVEN_MIN_LOST_SHARE = 0.05  # speed and >= 5% of the training time; less is a note (a few hiccups of a tiny run)
 
 # --- throughput -------------------------------------------------------------------------------------
-
-def steady(run, key):
-    """(step, value) of `key` without the first log record of each process (the run's first, and the first after
-    every resume, carry the warm-up), and without the records of a profiled window (profile_start/profile_stop
-    events), whose steps the profiler slows by design."""
-    pts = points(run.train, key)
-    pts = pts[1:] if len(pts) > 1 else pts
-    warm = {e["step"] for e in run.events if e.get("event") == "resume"}
-    interval = run.cfg("train.log_interval") or 1
-    prof = profiled(run)
-    return [p for p in pts if p[0] not in prof and not any(0 < p[0] - s <= interval for s in warm)]
-
-
-def profiled(run):
-    """Steps of the log records whose interval overlaps a profiled window."""
-    interval = run.cfg("train.log_interval") or 1
-    windows, start = [], None
-    for e in sorted(run.events, key=lambda e: e["step"]):
-        if e.get("event") == "profile_start":
-            start = e["step"]
-        elif e.get("event") == "profile_stop" and start is not None:
-            windows.append((start, e["step"]))
-            start = None
-    if start is not None:
-        windows.append((start, float("inf")))
-    return {r["step"] for r in run.train for a, b in windows if r["step"] > a and r["step"] - interval < b}
-
 
 @rule(finds=('data_wait',), live=EVAL)
 def rule_data_wait(run, found, _):
@@ -81,11 +55,6 @@ def rule_data_wait(run, found, _):
                     ev, causes, actions, high[:10])]
 
 
-def record_seconds(run):
-    """{step: interval_s} of the log records that carry the trainer's measured interval (pauses out)."""
-    return {r["step"]: r["interval_s"] for r in run.train if finite(r.get("interval_s"))}
-
-
 def waited_s(run, pts):
     """Seconds the records of `pts` (step, data_wait_frac) waited for data, from each record's interval_s; None when
     a record has none (older runs)."""
@@ -93,27 +62,6 @@ def waited_s(run, pts):
     if any(s not in seconds for s, _ in pts):
         return None
     return sum(v * seconds[s] for s, v in pts)
-
-
-def hook_seconds(run):
-    """{step: seconds} the monitor hooks took in each log record (hooks_s: a one-off compile of a probe's graph, a
-    statistics pass), which the wall-time rule prices; they are not the steps' speed."""
-    return {r["step"]: sum(v for v in r["hooks_s"].values() if finite(v)) for r in run.train
-            if isinstance(r.get("hooks_s"), dict)}
-
-
-def step_seconds(run):
-    """{step: seconds} of each record's steps alone: its interval_s less its hooks' time (hook_seconds)."""
-    hooks = hook_seconds(run)
-    return {s: t - hooks.get(s, 0.0) if 0 < hooks.get(s, 0.0) < t else t for s, t in record_seconds(run).items()}
-
-
-def step_speed(run):
-    """(step, tokens/s) of the steady records with the hooks' time taken out where the record has its interval_s:
-    the speed of the steps themselves (a tensor-statistics compile in one record is not an uneven step)."""
-    whole, steps = record_seconds(run), step_seconds(run)
-    return [(s, v * whole[s] / steps[s]) if s in whole and steps[s] > 0 else (s, v)
-            for s, v in steady(run, "tokens_per_s")]
 
 
 @rule(finds=('throughput_uneven', 'host_contention'), live=EVAL)
@@ -328,12 +276,11 @@ def rule_memory(run, found, limit):
 
 # --- gradients always clipped ----------------------------------------------------------------------
 
-@rule(finds=('always_clipped',), reads=('divergence', 'loss_nonfinite', 'slow_progress', 'loss_not_falling', 'loss_plateau'), live=EVAL)
+@rule(finds=('always_clipped',), reads=('slow_progress', 'loss_not_falling', 'loss_plateau'), live=EVAL)
 def rule_always_clipped(run, found, _):
     clip = run.cfg("train.clip_grad")
     # only the stretch before a divergence or NaN: norms that grow with it are that finding's evidence
-    stops = [found[k].steps[0] for k in ("divergence", "loss_nonfinite") if k in found and found[k].steps]
-    gn = [v for s, v in points(run.train, "grad_norm") if not stops or s < min(stops)]
+    gn = [v for _, v in before_cut(run, points(run.train, "grad_norm"))]
     if not clip or len(gn) < MIN_RECORDS:
         return None
     share = sum(v > clip for v in gn) / len(gn)

@@ -13,6 +13,7 @@ import statistics
 
 from ms_llm.diagnose.common import Finding, cause, finite, g, quoted
 from ms_llm.rundir.walltime import HOOK_KEYS, HOOK_NAMES, account, describe, duration, segments
+from ms_llm.diagnose.evidence import steady
 from ms_llm.diagnose.registry import EVAL, rule
 
 PHASE_SHARE = 0.30      # a recurring phase taking 30% of the recurring time (training steps + data wait + phases)
@@ -281,8 +282,6 @@ def limiting(run):
 
 def run_step_ms(run):
     """Median ms/step over the steady records (the first, warm-up record and a profiled window left out)."""
-    from ms_llm.diagnose.rules.system import steady
-
     pts = steady(run, "ms_per_step")
     return statistics.median(v for _, v in pts) if pts else None
 

@@ -1,0 +1,112 @@
+"""`ms-llm debug bisect GOOD BAD` (ms_llm/tune/bisect.py): the search on a metric given by a function of the keys
+applied (fast: every case of the search, and its run count), then a real bisect of two tiny configs read back by
+`ms-llm diagnose` and the report (slow)."""
+import json
+import math
+import os
+
+import pytest
+import yaml
+
+from conftest import ms_llm, tiny_train_args, train_ok
+from ms_llm.errors import UserError
+from ms_llm.tune import bisect as bisect_mod
+
+
+class Scripted(bisect_mod.Bisect):
+    """The search with a metric computed from which of BAD's keys a run applies: no training."""
+
+    def __init__(self, diff, metric_of_keys, tmp):
+        self.diff = diff
+        self.metric, self.steps, self.out, self.echo = "val_loss", 10, str(tmp), lambda *_: None
+        self.good_label, self.bad_label, self.good_dir, self.bad_dir = "good", "bad", None, None
+        self.runs, self.seconds, self.planned, self.work = [], [], 0, str(tmp)
+        self.metric_of_keys = metric_of_keys
+
+    def trial(self, label, applied, reuse=None):
+        for r in self.runs:
+            if set(r["applied"]) == set(applied):
+                return r["metric"]
+        value = self.metric_of_keys(set(applied))
+        self.runs.append({"label": label, "applied": list(applied), "metric": value, "run_dir": "-", "seconds": 0})
+        return value
+
+    def write(self, found):
+        return found
+
+
+KEYS = [(f"train.k{i}", 0, 1) for i in range(5)]
+
+
+def scripted(tmp_path, metric):
+    b = Scripted(KEYS, metric, tmp_path)
+    return b.run(), len(b.runs)
+
+
+def test_one_harmful_key_of_five_is_found_in_about_log2_k_plus_2_runs(tmp_path):
+    for culprit in range(5):
+        key = f"train.k{culprit}"
+        found, runs = scripted(tmp_path, lambda applied, key=key: 2.54 if key in applied else 2.40)
+        assert found == [key]
+        assert runs <= math.ceil(math.log2(5)) + 2 + 1, (culprit, runs)  # +1: the key found, confirmed alone
+
+
+def test_two_keys_that_act_only_together_are_reported_as_a_pair(tmp_path):
+    found, _ = scripted(tmp_path, lambda a: 2.6 if {"train.k1", "train.k3"} <= a else 2.4)
+    assert sorted(found) == ["train.k1", "train.k3"]
+
+
+def test_two_keys_that_each_explain_part_of_it_are_both_found(tmp_path):
+    found, _ = scripted(tmp_path, lambda a: 2.4 + 0.1 * ("train.k0" in a) + 0.1 * ("train.k4" in a))
+    assert sorted(found) == ["train.k0", "train.k4"]
+
+
+def test_a_difference_below_the_noise_explains_nothing(tmp_path):
+    found, runs = scripted(tmp_path, lambda a: 2.4 + 0.001 * len(a))
+    assert found == [] and runs == 2
+
+
+def test_two_sides_with_the_same_config_are_refused_in_one_paragraph(tmp_path):
+    from conftest import ROOT
+
+    config = os.path.join(ROOT, "configs", "shakespeare_char.yaml")
+    with pytest.raises(UserError, match="resolve to the same config"):
+        bisect_mod.bisect(config, config, steps=10, out=str(tmp_path), echo=lambda *_: None)
+    with pytest.raises(UserError, match="does not exist"):
+        bisect_mod.bisect(str(tmp_path / "nope"), config, steps=10, out=str(tmp_path), echo=lambda *_: None)
+
+
+@pytest.mark.slow
+def test_a_real_bisect_names_the_harmful_key_and_diagnose_and_the_report_read_it(dataset, tmp_path):
+    good = tmp_path / "good.yaml"
+    args = tiny_train_args(dataset, tmp_path / "unused", "--set", "train.max_steps=60", "--set",
+                           "context.compile_cache=false")
+    overrides = [args[i + 1] for i, a in enumerate(args) if a == "--set"]
+    from ms_llm.config import load_config, save_config
+
+    save_config(load_config(args[2], overrides), str(good))
+    bad = tmp_path / "bad.yaml"
+    cfg = yaml.safe_load(open(good))
+    cfg["model"]["ffn_hidden_size"] = 4      # harmful: an MLP an eighth of the width
+    cfg["train"]["log_interval"] = 20        # harmless: a cadence
+    cfg["monitor"]["telemetry_interval_s"] = None
+    yaml.safe_dump(cfg, open(bad, "w"))
+    out = tmp_path / "bisect"
+    proc = train_ok("debug", "bisect", str(good), str(bad), "--steps", "60", "--output", str(out))
+    text = proc.stdout
+    assert "plan:" in text and "3 setting(s) differ" in text
+    doc = json.load(open(out / "bisect.json"))
+    assert [r["keys"] for r in doc["found"]] == [["model.ffn_hidden_size"]], text
+    assert text.strip().splitlines()[-1].startswith("bisect: model.ffn_hidden_size (64 → 4) explains val_loss")
+    assert len(doc["runs"]) <= 2 + math.ceil(math.log2(3)) + 1
+    # the same command again reuses every run (an interrupted bisect resumes)
+    again = train_ok("debug", "bisect", str(good), str(bad), "--steps", "60", "--output", str(out))
+    assert "GOOD + BAD's" not in again.stdout
+    # diagnose reads it as a measured cause; the report shows its table
+    run_dir = doc["runs"][1]["run_dir"]
+    with open(os.path.join(run_dir, "bisect.json"), "w") as f:
+        json.dump(doc, f)
+    diag = ms_llm("diagnose", run_dir, "--no-measure")
+    assert "measured: model.ffn_hidden_size (64 → 4) explains val_loss" in diag.stdout, diag.stdout
+    train_ok("report", run_dir, "-o", str(tmp_path / "r.html"))
+    assert "Bisect</h2>" in open(tmp_path / "r.html").read()
