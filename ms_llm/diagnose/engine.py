@@ -85,7 +85,7 @@ def compose(found):
     for f in list(found.values()):
         for fid in f.supersedes:
             found.pop(fid, None)
-    for f in list(found.values()):
+    for f in reversed(list(found.values())):  # the first finding to explain another leads it (engine.ordered)
         for e in f.explains:
             target = found.get(e.target)
             if target is None or target is f:

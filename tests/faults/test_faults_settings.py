@@ -50,8 +50,9 @@ def test_ac_no_warmup_at_a_high_learning_rate_is_named_in_the_divergence(dataset
     train(tiny_cfg(dataset, *sets("train.lr=0.3", "train.warmup_steps=0", "train.max_steps=60",
                                   "train.eval_interval=0")), tmp_path / "run")
     found = diagnose(tmp_path / "run")
-    f = headline(found)
-    assert f.id == "divergence" and f.causes[0].startswith("no warmup at a high LR"), finding_text(found)
+    # the combination first, then the divergence it explains, led by it
+    assert [f.id for f in alarms(found)][:2] == ["config_warmup_none", "divergence"], finding_text(found)
+    assert finding(found, "divergence").causes[0].startswith("no warmup at a high LR"), finding_text(found)
     assert finding(found, "config_warmup_none").severity == "warning"
 
 
@@ -105,5 +106,5 @@ def test_ag_the_live_diagnosis_warns_at_the_first_log_interval_and_stop_on_ends_
     r = load_run(str(tmp_path / "run"))
     stop = [e for e in r.events if e["event"] == "stop_on"]
     assert stop and "(divergence)" in stop[0]["reason"]
-    assert [e["id"] for e in r.events if e["event"] == "diagnosis"][:1] == ["divergence"]
+    assert [e["id"] for e in r.events if e["event"] == "diagnosis"][:2] == ["config_lr", "divergence"]
     assert r.status == "stopped" and account(r)["hooks"].get("LiveDiagnosis", 0) > 0

@@ -264,9 +264,12 @@ def published(key):
 
 @functools.lru_cache(maxsize=None)
 def _published(key, _when):
-    when = (keys().get(key) or {}).get("when")
+    spec = keys().get(key) or {}
+    when = spec.get("when")
     out = []
     for e in entries():
+        if e.stage == "default" and not spec.get("defaults"):
+            continue  # what a library runs without the key set, not what a recipe chose (keys.yaml `defaults`)
         get = getter(e.values, e.params)
         # a condition on a key the entry does not state (most recipes state no dtype) does not exclude it
         stated = {k: c for k, c in (when or {}).items() if get(k) is not None or c in ("set", "unset")}

@@ -35,7 +35,8 @@ INIT_FAR = 5.0          # init_std 5x the recipes' 0.02
 
 def suspects(run):
     out = []
-    for judge in (dropout, learning_rate, warmup, clipping, init, vocabulary, context):
+    # no warmup at a high LR names the LR too: the combination leads what it explains, before the LR alone
+    for judge in (dropout, warmup, learning_rate, clipping, init, vocabulary, context):
         s = judge(run)
         if s is not None:
             out.append(s)
