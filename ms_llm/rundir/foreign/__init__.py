@@ -63,8 +63,8 @@ def add_config_files(p, name, files):
 
         path, raw = mindformers.find_yaml(files)
         if path:
-            p.config, p.config_notes = mindformers.config_from_yaml(path, raw)
-            p.config_source = path if p.config else ""
+            p.config, p.config_notes = mindformers.config_from_yaml(path, raw, p.info.get("steps_per_epoch"))
+            p.config_source = shown(path) if p.config else ""
     elif name == "torchtitan":
         from ms_llm.rundir.foreign import torchtitan
 
@@ -76,7 +76,12 @@ def add_config_files(p, name, files):
                 return
             ranks = {r for r, _, _ in p.train}
             p.config, p.config_notes = torchtitan.config_from_toml(raw, world_size(p, ranks, {}))
-            p.config_source = path
+            p.config_source = shown(path)
+
+
+def shown(path):
+    rel = os.path.relpath(path)
+    return rel if not rel.startswith("..") else path
 
 
 def describe(run):

@@ -92,7 +92,7 @@ def parse_train(text, whole):
         rec["loss"] = number(lm.group(1) or lm.group(3))
         if lm.group(2):
             rec["loss_mean_so_far"] = number(lm.group(2))
-        body = body[lm.end():]
+        body = body[lm.end():].lstrip()
     parts = [(mm.group(1), mm.end(), mm.start()) for mm in KEY.finditer(body)]
     values = {}
     for i, (key, start, _) in enumerate(parts):
@@ -135,6 +135,7 @@ def read(lines, counts):
             e = epoch + 1 if zero_based else epoch
             rec = {"step": step + (e - 1) * per_epoch, "epoch": e, **rec}
             p.info["max_steps"] = epochs * per_epoch
+            p.info["steps_per_epoch"] = per_epoch
             p.train.append((line.rank, order, rec))
             last[line.rank] = rec
             counts["training lines"] += 1
@@ -151,18 +152,18 @@ def read(lines, counts):
             continue
         m = SPIKE.search(text)
         if m:
-            ev = {"step": int(m.group(2)), "event": "skip_global_norm", "global_norm": number(m.group(1)),
-                  "threshold": number(m.group(4)), "consecutive": int(m.group(3)), "detail": text.strip()[:300]}
+            norm, thr, n = number(m.group(1)), m.group(4), int(m.group(3))
+            reason = (f"MindFormers skipped the step: global norm {norm:g} >= {thr} (use_skip_data_by_global_norm), "
+                      f"{n} in a row")
             if m.group(5):
-                ev.update(event="halted", reason=f"global norm above {m.group(4)} for {m.group(3)} consecutive "
-                                                 f"steps (use_skip_data_by_global_norm)")
-            p.events.append((line.rank, order, ev))
+                reason += "; it stopped training there"
+            p.events.append((line.rank, order, {"step": int(m.group(2)), "event": "anomaly_skip", "reason": reason,
+                                                "global_norm": norm}))
+            if m.group(5):
+                p.events.append((line.rank, order, {"step": int(m.group(2)), "event": "halted", "reason": reason}))
             continue
         m = SKIP_AT.search(text)
-        if m:
-            if "true" in m.group(3).lower():
-                p.events.append((line.rank, order, {"step": int(m.group(1)), "event": "skip_global_norm",
-                                                    "threshold": number(m.group(2)), "detail": text.strip()[:300]}))
+        if m:  # the step's own line follows ('Current global norm ... of step N'); the optimizer's count is N-1
             continue
         m = NORM_STOP.search(text)
         if m:
@@ -174,9 +175,9 @@ def read(lines, counts):
             continue
         m = NORM_GOON.search(text)
         if m:
-            p.events.append((line.rank, order, {"step": int(m.group(2)), "event": "skip_global_norm",
-                                                "global_norm": number(m.group(1)), "threshold": number(m.group(3)),
-                                                "detail": text.strip()[:300]}))
+            p.events.append((line.rank, order, {"step": int(m.group(2)), "event": "anomaly_skip",
+                                                "reason": f"global norm {m.group(1)} >= {m.group(3)} again after "
+                                                          f"MindFormers' restart (check_for_global_norm)"}))
             continue
         m = NAN_STOP.search(text)
         if m:
@@ -244,13 +245,18 @@ def find_yaml(paths):
     return None, None
 
 
-def config_from_yaml(path, raw, devices=None):
-    """(ms_llm config dict, notes) through the MindFormers config import (ms_llm/interop/mindformers/)."""
+def config_from_yaml(path, raw, steps_per_epoch=None, devices=None):
+    """(ms_llm config dict, notes) through the MindFormers config import (ms_llm/interop/mindformers/). The log's
+    steps per epoch give the dataset's samples (x the global batch), which the import needs for the run length
+    and a warmup_ratio."""
     from ms_llm.errors import UserError
     from ms_llm.interop.mindformers.config import import_config
 
     try:
         ours, rows, _ = import_config(raw, None, devices, f"'{path}'")
+        gbs = (ours.get("train") or {}).get("global_batch_size")
+        if steps_per_epoch and gbs:
+            ours, rows, _ = import_config(raw, steps_per_epoch * gbs, devices, f"'{path}'")
     except UserError as e:
         return {}, [f"{path}: not read as a MindFormers config ({e})"]
     except Exception as e:  # noqa: BLE001 (a config the import cannot map leaves the run without one, not broken)
