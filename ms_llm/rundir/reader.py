@@ -147,7 +147,7 @@ def load_run(path, need_metrics=True):
 
         if os.path.isfile(path) or log_files(path) or LOG_FORMAT.get() not in (None, "auto"):
             try:
-                return load_foreign(path, LOG_FORMAT.get())
+                return load_foreign(path, Run(path=path), LOG_FORMAT.get())
             except UserError:
                 if need_metrics or os.path.isfile(path):
                     raise

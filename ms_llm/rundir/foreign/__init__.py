@@ -14,11 +14,9 @@ from ms_llm.rundir.foreign.detect import FORMATS, READERS, detect, log_files
 from ms_llm.rundir.foreign.logtext import logical_lines, physical_lines
 
 
-def load_foreign(path, fmt=None):
-    """The run in the log file or folder of worker logs `path`, read by the `fmt` reader (None or "auto":
-    detected). Bad input is a UserError."""
-    from ms_llm.rundir.reader import Run
-
+def load_foreign(path, run, fmt=None):
+    """`run` (an empty ms_llm.rundir.reader.Run, which load_run hands in) filled with the run in the log file or
+    folder of worker logs `path`, read by the `fmt` reader (None or "auto": detected). Bad input is a UserError."""
     if fmt not in (None, *FORMATS):
         raise UserError(f"--format {fmt}: not one of {', '.join(FORMATS)}.")
     files = log_files(path)
@@ -47,7 +45,6 @@ def load_foreign(path, fmt=None):
                         f"({sum(len(v) for v in physical.values())} lines). {reader.TITLE}'s line looks like "
                         f"{EXAMPLES[name]}; force another reader with --format, or pass the log of the rank that "
                         f"printed the loss.")
-    run = Run(path=path)
     return build(p, run, [os.path.relpath(f, path) if os.path.isdir(path) else f for f in files])
 
 
