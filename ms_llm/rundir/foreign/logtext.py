@@ -69,7 +69,7 @@ def logical_lines(lines, starts, complete, begins_line, counts):
     """Lines with wrapped records joined: a line that `starts` a record but is not `complete` takes the following
     lines of the same rank that begin no line of their own (no timestamp, no record, no prefix) until it is
     complete, up to JOIN_LOOKAHEAD of them. One that stays incomplete is marked cut (its last field may be partial;
-    the reader drops it). Lines of other ranks interleaved by a console are passed over, not joined."""
+    the reader drops it), with the continuations it did find. Lines of other ranks interleaved by a console are passed over, not joined."""
     out, i, n = [], 0, len(lines)
     used = set()
     while i < n:
@@ -89,14 +89,14 @@ def logical_lines(lines, starts, complete, begins_line, counts):
                 text += nxt.text
                 taken.append(j)
                 j += 1
-            if taken and complete(text):
+            whole = complete(text)
+            if taken:
                 counts["wrapped lines joined"] += len(taken)
                 used.update(taken)
-                out.append(Line(line.file, line.no, line.rank, text, lines[taken[-1]].last))
-                i += 1
-                continue
-            counts["cut lines (read up to their last whole field)"] += 1
-            out.append(Line(line.file, line.no, line.rank, line.text, True))
+            if not whole:
+                counts["cut lines (read up to their last whole field)"] += 1
+            out.append(Line(line.file, line.no, line.rank, text, (lines[taken[-1]].last if taken else line.last)
+                            or not whole))
             i += 1
             continue
         out.append(line)
