@@ -36,7 +36,8 @@ def load_foreign(path, run, fmt=None):
     lines = []
     for f in files:
         if f in physical:
-            lines += logical_lines(physical[f], reader.starts, reader.complete, reader.begins_line, counts)
+            lines += logical_lines(physical[f], reader.starts, reader.complete, reader.begins_line, counts,
+                                   getattr(reader, "ends", None))
     p = reader.read(lines, counts)
     p.info["format"] = name
     add_config_files(p, name, files)

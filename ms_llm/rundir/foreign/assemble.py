@@ -18,7 +18,7 @@ def _rank_key(rank):
 
 def choose_rank(train):
     """The rank whose records to read: the one with the most real losses (a pipeline stage without the loss has
-    placeholders), then the most records, then the lowest rank."""
+    placeholders), then the lowest rank."""
     by = {}
     for rank, _, rec in train:
         n = by.setdefault(rank, [0, 0])
@@ -26,7 +26,7 @@ def choose_rank(train):
         n[1] += 1
     if not by:
         return None
-    return max(by, key=lambda r: (by[r][0], by[r][1], -_rank_key(r)))
+    return max(by, key=lambda r: (by[r][0], -_rank_key(r)))
 
 
 def ordered_records(p, counts):
@@ -122,9 +122,33 @@ def world_size(p, ranks, config):
     return len(named) if len(named) > 1 else None
 
 
+def checked(config):
+    """(config, notes): each value that the section's schema refuses (a value the log garbled, a name ms_llm uses
+    differently) left out, with a note."""
+    from ms_llm.config.loader import SECTIONS, build_section
+    from ms_llm.errors import UserError
+
+    out, notes = {}, []
+    for name, values in (config or {}).items():
+        if name not in SECTIONS or not isinstance(values, dict):
+            continue
+        keep = {}
+        for key, value in values.items():
+            try:
+                build_section(name, SECTIONS[name], {key: value})
+                keep[key] = value
+            except (UserError, TypeError, ValueError):
+                notes.append(f"{name}.{key} = {value!r} left out: not a valid ms_llm value")
+        if keep:
+            out[name] = keep
+    return out, notes
+
+
 def build(p, run, files):
     """Fill `run` (a ms_llm.rundir.reader.Run) from the Parsed `p`."""
     counts = p.counts
+    p.config, bad = checked(p.config)
+    p.config_notes += bad
     records, resumes, primary = ordered_records(p, counts)
     ranks = sorted({r for r, _, _ in p.train + p.evals + p.events}, key=_rank_key)
     world = world_size(p, ranks, p.config)

@@ -41,10 +41,14 @@ def scores(physical):
     """{format: lines matching its training line} over the files' cleaned lines."""
     out = {name: 0 for name in READERS}
     for lines in physical.values():
-        for line in lines[:SAMPLE_LINES]:
+        sample = lines[:SAMPLE_LINES]
+        for i, line in enumerate(sample):
             for name, mod in READERS.items():
                 if mod.starts(line.text):
                     out[name] += 1
+                elif i + 1 < len(sample) and mod.starts(line.text + sample[i + 1].text) and \
+                        not mod.starts(sample[i + 1].text):
+                    out[name] += 1  # a wrap fell inside the record's mark
     return out
 
 

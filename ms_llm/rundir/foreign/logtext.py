@@ -17,7 +17,8 @@ RANK_PREFIX = re.compile(r"^\s*\[(?:rank|default)(\d+)\]:")
 FILE_RANK = (re.compile(r"worker_(\d+)\.log$"), re.compile(r"(?:^|[/\\])rank_?(\d+)(?:[/\\]|\.)"),
              re.compile(r"[/\\](\d+)[/\\]std(?:out|err)\.log$"), re.compile(r"rank(\d+)[^/\\]*$"))
 MAX_BYTES = 512 * 2 ** 20  # a larger file is read from its last 512 MiB (its end: the last steps, the error)
-JOIN_LOOKAHEAD = 3         # physical lines a wrapped record may continue over
+CUT = "cut lines (read up to their last whole field)"
+JOIN_LOOKAHEAD = 16        # physical lines a wrapped record may continue over (a 600-character line at 40 columns)
 
 
 @dataclass
@@ -65,10 +66,11 @@ def physical_lines(path, counts):
     return out
 
 
-def logical_lines(lines, starts, complete, begins_line, counts):
+def logical_lines(lines, starts, complete, begins_line, counts, ends=None):
     """Lines with wrapped records joined: a line that `starts` a record but is not `complete` takes the following
     lines of the same rank that begin no line of their own (no timestamp, no record, no prefix) until it is
-    complete, up to JOIN_LOOKAHEAD of them. One that stays incomplete is marked cut (its last field may be partial;
+    complete (`ends`: its known last field is there), up to JOIN_LOOKAHEAD of them; a line that ends a field but
+    not with the known last one, and has no continuation, is whole (a field newer than the reader). One that stays incomplete is marked cut (its last field may be partial;
     the reader drops it), with the continuations it did find. Lines of other ranks interleaved by a console are passed over, not joined."""
     out, i, n = [], 0, len(lines)
     used = set()
@@ -77,9 +79,11 @@ def logical_lines(lines, starts, complete, begins_line, counts):
             i += 1
             continue
         line = lines[i]
-        if starts(line.text) and not complete(line.text):
-            text, taken, j = line.text, [], i + 1
-            while j < n and len(taken) < JOIN_LOOKAHEAD and not complete(text):
+        ends = ends or complete  # `ends`: the record's known last field is there (stricter than `complete`)
+        head = [] if starts(line.text) else record_head(lines, i, starts, begins_line)
+        if head or (starts(line.text) and not ends(line.text)):
+            text, taken, j = line.text + "".join(lines[k].text for k in head), list(head), i + 1 + len(head)
+            while j < n and len(taken) < JOIN_LOOKAHEAD and not ends(text):
                 nxt = lines[j]
                 if nxt.rank != line.rank and nxt.rank is not None and line.rank is not None:
                     j += 1
@@ -93,15 +97,32 @@ def logical_lines(lines, starts, complete, begins_line, counts):
             if taken:
                 counts["wrapped lines joined"] += len(taken)
                 used.update(taken)
-            if not whole:
-                counts["cut lines (read up to their last whole field)"] += 1
-            out.append(Line(line.file, line.no, line.rank, text, (lines[taken[-1]].last if taken else line.last)
-                            or not whole))
+            last = (lines[taken[-1]].last if taken else line.last) or not whole
+            if last:
+                counts[CUT] += 1
+            out.append(Line(line.file, line.no, line.rank, text, last))
             i += 1
             continue
+        if line.last and starts(line.text):
+            counts[CUT] += 1  # the file ends inside it, without a newline: its last field is not trusted
         out.append(line)
         i += 1
     return out
+
+
+def record_head(lines, i, starts, begins_line):
+    """The indices of the continuation lines that make lines[i] the start of a record, when a wrap fell before
+    the record's mark (' iteration' / '      10/ 300 |'); [] when lines[i] is no such start."""
+    text, taken = lines[i].text, []
+    for j in range(i + 1, min(len(lines), i + 1 + JOIN_LOOKAHEAD)):
+        nxt = lines[j]
+        if begins_line(nxt.text) or not nxt.text.strip() or (nxt.rank is not None and nxt.rank != lines[i].rank):
+            return []
+        text += nxt.text
+        taken.append(j)
+        if starts(text):
+            return taken
+    return []
 
 
 LOG_START = re.compile(r"^\s*(?:\[?\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}|\[(?:INFO|WARNING|ERROR|DEBUG)\]|"

@@ -86,6 +86,21 @@ def complete(text):
     return text.rstrip().endswith("|")
 
 
+# the last field of each form of the line (training_log's history; MindSpeed-LLM's FSDP2 monitor's)
+TERMINAL = ("number of nan iterations",
+            "cpu_memory_usage(%)", "only for test", "ppl")  # fields that end a line and are never followed
+
+
+def ends(text):
+    """The line ends with the field its form ends with (a wrapped line's first part can end with '|' too)."""
+    t = text.rstrip()
+    if not t.endswith("|"):
+        return False
+    last = t[:-1].rsplit("|", 1)[-1]
+    key = last.rpartition(":")[0].strip().lower() or last.strip().lower()
+    return any(key.endswith(k) or k in key for k in TERMINAL)
+
+
 def begins_line(text):
     return begins_any(text) or bool(ITER.search(text)) or bool(ARG.match(text)) or text.lstrip().startswith(
         ("time (ms)", "validation", "[after", "[before"))
@@ -141,7 +156,7 @@ def parse_train(text, whole, features):
 
 def read(lines, counts):
     p = Parsed(TITLE, counts=counts, absent=dict(ABSENT))
-    args, in_args = {}, False
+    args, in_args, last_arg = {}, False, None
     order = 0
     last_train = {}  # rank -> record (timers and memory reports belong to it)
     timer_rank = None
@@ -155,6 +170,10 @@ def read(lines, counts):
             m = ARG.match(text)
             if m:
                 args[m.group(1)] = m.group(2).strip()
+                last_arg = m.group(1)
+                continue
+            if last_arg and text.strip() and not begins_line(text) and not ARGS_BEGIN.match(text.strip()):
+                args[last_arg] += text.strip()  # a value the terminal wrapped
                 continue
             in_args = False  # a dump cut short: what came before it is kept
         if ARGS_BEGIN.match(text.strip()):
@@ -380,6 +399,11 @@ def config_from_args(args):
     dump lacks), with notes on what does not map."""
     a = {**DEFAULTS, **{k: _value(v) for k, v in args.items()}}
     notes = []
+
+    def n(key):  # a number, or None (a value the dump garbled is not arithmetic)
+        v = a.get(key)
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
     model, train, precision, parallel, recompute, checkpoint = {}, {}, {}, {}, {}, {}
 
     def put(section, key, value):
@@ -413,20 +437,20 @@ def config_from_args(args):
         model["moe"] = moe
     put(train, "global_batch_size", a.get("global_batch_size"))
     put(train, "micro_batch_size", a.get("micro_batch_size"))
-    iters = a.get("train_iters")
-    if iters is None and a.get("train_samples") and a.get("global_batch_size"):
-        iters = a["train_samples"] // a["global_batch_size"]
+    iters = n("train_iters")
+    if iters is None and n("train_samples") and n("global_batch_size"):
+        iters = int(n("train_samples") // n("global_batch_size"))
     put(train, "max_steps", iters)
     put(train, "lr", a.get("lr"))
     put(train, "min_lr", a.get("min_lr"))
-    decay = a.get("lr_decay_iters")
-    if decay is None and a.get("lr_decay_samples") and a.get("global_batch_size"):
-        decay = a["lr_decay_samples"] // a["global_batch_size"]
-    warm = a.get("lr_warmup_iters")
-    if a.get("lr_warmup_fraction") is not None:
-        warm = round(a["lr_warmup_fraction"] * (decay or iters or 0))
-    elif a.get("lr_warmup_samples") and a.get("global_batch_size"):
-        warm = a["lr_warmup_samples"] // a["global_batch_size"]
+    decay = n("lr_decay_iters")
+    if decay is None and n("lr_decay_samples") and n("global_batch_size"):
+        decay = int(n("lr_decay_samples") // n("global_batch_size"))
+    warm = n("lr_warmup_iters")
+    if n("lr_warmup_fraction") is not None:
+        warm = round(n("lr_warmup_fraction") * (decay or iters or 0))
+    elif n("lr_warmup_samples") and n("global_batch_size"):
+        warm = int(n("lr_warmup_samples") // n("global_batch_size"))
     put(train, "warmup_steps", warm)
     style = a.get("lr_decay_style")
     if style in ("cosine", "linear", "constant"):
@@ -444,15 +468,15 @@ def config_from_args(args):
     put(train, "log_interval", a.get("log_interval"))
     put(train, "eval_interval", a.get("eval_interval"))
     put(train, "eval_steps", a.get("eval_iters"))
-    if a.get("fp16"):
+    if a.get("fp16") is True:
         precision["compute_dtype"] = "float16"
-        if a.get("loss_scale"):
-            precision.update(loss_scale="static", init_scale=float(a["loss_scale"]))
+        if n("loss_scale"):
+            precision.update(loss_scale="static", init_scale=float(n("loss_scale")))
         else:
             precision["loss_scale"] = "dynamic"
-            put(precision, "init_scale", float(a["initial_loss_scale"]) if a.get("initial_loss_scale") else None)
+            put(precision, "init_scale", float(n("initial_loss_scale")) if n("initial_loss_scale") else None)
             put(precision, "scale_window", a.get("loss_scale_window"))
-    elif a.get("bf16"):
+    elif a.get("bf16") is True:
         precision.update(compute_dtype="bfloat16", loss_scale="none")
     elif "fp16" in a or "bf16" in a:
         precision.update(compute_dtype="float32", loss_scale="none")

@@ -73,6 +73,8 @@ def complete(text):
     if not m:
         return True
     tail = text[m.end():].rstrip()
+    if tail.endswith(","):
+        return False
     return bool(re.search(r"(loss_scale: \S+|global_norm: \S+|train_throughput_per_npu: [\d.]+T|\})$", tail)) and \
         "loss_scale:" in tail
 
@@ -88,6 +90,8 @@ def parse_train(text, whole):
     body = text[m.end():].rstrip().rstrip("}").rstrip()
     rec = {}
     lm = LOSS.match(body)
+    if lm and not whole and lm.end() >= len(body):
+        lm = None  # the loss is the cut line's last field: it may be partial ('6.04' of '6.049')
     if lm:
         rec["loss"] = number(lm.group(1) or lm.group(3))
         if lm.group(2):

@@ -63,9 +63,9 @@ def complete(text):
     t = text.rstrip()
     if re.search(r"mfu:\s*(?:[\d.]+%|N/A)$", t):
         return True
-    if "mfu" in t:
-        return False
-    return bool(re.search(r"(?:wps|tps):\s*[\d,]+$|peak_memory:\s*[\d.]+%$", t))
+    if "mfu" in t or re.search(r"\b(?:tps|tflops|grad_norm):", t):
+        return False  # these forms end with mfu
+    return bool(re.search(r"wps:\s*[\d,]+$|peak_memory:\s*[\d.]+%$", t))  # 2024-03-12..20: no mfu yet
 
 
 def begins_line(text):
@@ -112,8 +112,8 @@ def read(lines, counts):
         text = line.text
         order += 1
         m = VALIDATE.search(text)
-        if m:
-            v = number(m.group(2))
+        if m or "validate step:" in text:
+            v = number(m.group(2)) if m and not (line.last and m.end() >= len(text.rstrip())) else None
             if v is not None:
                 p.evals.append((line.rank, order, {"step": int(m.group(1)), "val_loss": v}))
                 counts["validation lines"] += 1
