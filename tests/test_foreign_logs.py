@@ -267,3 +267,21 @@ def test_report_of_a_log_is_written_beside_it(tmp_path, capsys):
     assert "read as a Megatron-LM log" in out
     html = (tmp_path / "train.report.html").read_text(encoding="utf-8")
     assert "loss became NaN/Inf at step 140" in html
+
+
+def test_a_value_cut_at_the_end_of_a_log_is_not_misread(tmp_path):
+    """A paste or a crash that ends inside a number ('loss: 6.04' of 'loss: 6.049') leaves that field out."""
+    body = open(fx("mindformers", "healthy", "worker_0.log")).read()
+    at = body.index("loss: 6.049")  # a line's loss, cut after its first digits
+    run = read_text(tmp_path, body[:at + len("loss: 6.04")])
+    assert "loss" not in run.train[-1] and run.skipped["cut lines (read up to their last whole field)"] == 1
+    tt = open(fx("torchtitan", "healthy", "train.log")).read()
+    at = tt.index("tps: 10,", tt.index("step: 50"))
+    run = read_text(tmp_path, tt[:at + len("tps: 10")])  # "10" would read as a number
+    assert "tokens_per_s_per_device" not in run.train[-1] and run.train[-1]["step"] == 50
+
+
+def read_text(tmp_path, body, name="cut.log"):
+    path = tmp_path / name
+    path.write_text(body, encoding="utf-8")
+    return load_run(str(path))
