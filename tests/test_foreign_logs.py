@@ -285,3 +285,13 @@ def read_text(tmp_path, body, name="cut.log"):
     path = tmp_path / name
     path.write_text(body, encoding="utf-8")
     return load_run(str(path))
+
+
+def test_a_log_without_its_dtype_names_both_causes_of_overflows(capsys):
+    """MindFormers' loss line does not say the compute dtype: a collapsing loss scale is float16's range or a
+    NaN source, and neither is named with high confidence."""
+    assert main(["diagnose", fx("mindformers", "loss_scale")]) == 1
+    out = capsys.readouterr().out
+    block = out[out.index("[warning] frequent loss-scale overflows"):]
+    block = block[:block.index("actions:")]
+    assert "the log does not say the dtype) [confidence: medium]" in block and "[confidence: high]" not in block

@@ -12,7 +12,9 @@ NEEDS = {
     "mem_gib": ("the device memory", "the memory rules (near the limit, growing)"),
     "data_wait_frac": ("the time waiting for data", "the data-wait rule"),
     "val_loss": ("a validation loss", "the generalisation rules (validation rising, train/validation gap)"),
-    "config": ("the run's settings", "the settings rules (schedule and recipe checks)"),
+    "config": ("the run's settings", "the settings rules (schedule and recipe checks), and every cause or action "
+                                     "that names a setting (those read ms_llm's defaults: train.lr 0.001, no warmup "
+                                     "or clipping known)"),
 }
 # checked in this order; the throughput line also needs what the speed is computed from
 ORDER = tuple(NEEDS)
