@@ -5,9 +5,20 @@ Exit codes: 0 = no findings (info notes allowed), 1 = findings (so `ms-llm diagn
 """
 import json
 
+from ms_llm.rundir.foreign.detect import FORMATS
+
 
 def cmd_diagnose(args):
+    from ms_llm.rundir.reader import log_format
+
+    with log_format(args.format):
+        return _diagnose(args)
+
+
+def _diagnose(args):
     from ms_llm.diagnose.engine import diagnose, exit_code, format_report
+    from ms_llm.rundir.foreign import describe
+    from ms_llm.rundir.foreign.needs import lines as lacking_lines
 
     if args.measure:
         from ms_llm.diagnose.measure import measure
@@ -24,7 +35,12 @@ def cmd_diagnose(args):
         measure_cost_suspects(args.run)
     run, findings = diagnose(args.run, args.device_memory, args.logs, args.benchmark)
     code = exit_code(findings)
+    if run.foreign:
+        print(describe(run), flush=True)
     print(format_report(args.run, run, findings), flush=True)
+    if run.foreign and run.lacks:  # each once: the rules that had nothing to read
+        print("\nnot judged, for want of what this log does not print:\n" + "\n".join(
+            f"  - {line}" for line in lacking_lines(run)), flush=True)
     if args.json:
         print(json.dumps({"run": args.run, "exit_code": code, "findings": [f.to_dict() for f in findings]},
                          default=str), flush=True)
@@ -94,7 +110,11 @@ def bisect_suspects(path):
 def add_parsers(subparsers):
     p = subparsers.add_parser("diagnose", help="symptoms in a run's metrics → likely causes → actions "
                                                "(exit 1 when something is found)")
-    p.add_argument("run", metavar="RUN", help="a run directory (holds metrics.jsonl)")
+    p.add_argument("run", metavar="RUN", help="a run directory (holds metrics.jsonl), or another framework's "
+                                               "training log or folder of worker logs (Megatron-LM, MindSpeed-LLM, "
+                                               "MindFormers, torchtitan)")
+    p.add_argument("--format", choices=FORMATS, default="auto",
+                   help="the reader for a log (default: auto, detected and named in the first line)")
     p.add_argument("--device-memory", metavar="SIZE",
                    help="per-device memory limit for the memory rule, e.g. 64GB (default: "
                         "context.max_device_memory; 0.9 x this machine's RAM for CPU runs)")

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from ms_llm.rundir.reader import is_run_dir, load_run, read_jsonl
+from ms_llm.rundir.reader import is_foreign_path, is_run_dir, load_run, read_jsonl
 from ms_llm.rundir.walltime import TIMING_EVENTS
 from ms_llm.errors import UserError
 from ms_llm.rundir import names
@@ -19,6 +19,11 @@ ALIGNS = ("step", "tokens")
 class RunData:
     def __init__(self, path):
         self.path = path
+        if is_foreign_path(path):  # another framework's log or folder of worker logs (ms_llm.rundir.foreign)
+            self.run = load_run(path)
+            self.telemetry = []
+            self._curves, self._tables, self._events = {}, {}, None
+            return
         if not os.path.isdir(path):
             raise UserError(f"run directory '{path}' does not exist{' (it is a file)' if os.path.exists(path) else ''}."
                             f" Pass the folder a training run wrote (the --run-dir of 'ms-llm train'); "

@@ -13,12 +13,26 @@ from ms_llm.errors import UserError
 
 
 def cmd_report(args):
+    from ms_llm.rundir.reader import log_format
+
+    with log_format(args.format):
+        return _report(args)
+
+
+def _report(args):
     from ms_llm.report.report import write_report
+    from ms_llm.rundir.reader import is_foreign_path
 
     t0 = time.perf_counter()
     path = write_report(args.runs, args.output, args.align, args.title,
                         diagnose=None if args.no_diagnose else args.diagnose)
     size = os.path.getsize(path)
+    for run in args.runs:  # how each log was read, before the page's name
+        if is_foreign_path(run):
+            from ms_llm.rundir.foreign import describe
+            from ms_llm.rundir.reader import load_run
+
+            print(f"{run}: {describe(load_run(run))}", flush=True)
     print(f"report: {path} ({size / 1e6:.2f} MB, {time.perf_counter() - t0:.1f} s); open it in a browser, it "
           f"needs no network", flush=True)
     return 0
@@ -31,10 +45,19 @@ def _tolerance(name, value):
 
 
 def cmd_compare_curves(args):
+    from ms_llm.rundir.reader import log_format
+
+    with log_format(args.format):
+        return _compare_curves(args)
+
+
+def _compare_curves(args):
     from ms_llm.rundir import curves
 
     rtol, atol = _tolerance("rtol", args.rtol), _tolerance("atol", args.atol)
-    a = curves.load_curve(args.a, args.metric)
+    if args.save_golden and args.align != "step":
+        raise UserError("--save-golden writes a step → value curve: use it with --align step (the default).")
+    a = curves.load_curve(args.a, args.metric, args.align)
     if args.save_golden:
         curves.save_golden(a, args.a, args.save_golden)
         print(f"saved the golden {args.metric} curve of {args.a} ({len(a.values)} points) to {args.save_golden}; "
@@ -44,7 +67,7 @@ def cmd_compare_curves(args):
     if args.b is None:
         raise UserError("compare-curves needs two curves: A B (run directories or a golden JSON), or A with "
                         "--save-golden FILE to write A's curve as a golden.")
-    c = curves.compare(a, curves.load_curve(args.b, args.metric), rtol, atol)
+    c = curves.compare(a, curves.load_curve(args.b, args.metric, args.align), rtol, atol)
     print(curves.format_comparison(c), flush=True)
     if args.json:
         print(json.dumps(curves.to_dict(c)), flush=True)
@@ -56,10 +79,15 @@ def cmd_compare_curves(args):
 def add_parsers(subparsers, diagnose=None):
     """`diagnose`: run dir → its findings, for the report's diagnosis section (handed in by ms_llm/cli.py)."""
     from ms_llm.rundir.curves import DEFAULT_ATOL, DEFAULT_RTOL
+    from ms_llm.rundir.foreign.detect import FORMATS
+
+    log_help = "the reader for a log (default: auto, detected and named in the first line)"
 
     p = subparsers.add_parser("report", help="one self-contained HTML page of a run's curves, events, diagnosis, "
                                              "profile and config; several runs are overlaid")
-    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (the --run-dir of 'ms-llm train')")
+    p.add_argument("runs", nargs="+", metavar="RUN", help="run directories (the --run-dir of 'ms-llm train'), or "
+                                                          "other frameworks' training logs / folders of worker logs")
+    p.add_argument("--format", choices=FORMATS, default="auto", help=log_help)
     p.add_argument("--output", "-o", metavar="FILE.html",
                    help="where to write (default: RUN/report.html for one run, ./report.html for several)")
     p.add_argument("--align", choices=("step", "tokens"), default="step",
@@ -70,8 +98,13 @@ def add_parsers(subparsers, diagnose=None):
 
     p = subparsers.add_parser("compare-curves", help="largest difference and first parting step of two runs' "
                                                      "curves (exit 1 when they part: a regression gate)")
-    p.add_argument("a", metavar="A", help="run directory (or golden JSON)")
-    p.add_argument("b", metavar="B", nargs="?", help="run directory or golden JSON: the reference")
+    p.add_argument("a", metavar="A", help="run directory, golden JSON, or another framework's training log or "
+                                           "folder of worker logs")
+    p.add_argument("b", metavar="B", nargs="?", help="the same kinds: the reference")
+    p.add_argument("--format", choices=FORMATS, default="auto", help=log_help)
+    p.add_argument("--align", choices=("step", "tokens"), default="step",
+                   help="compare at the same step (default) or the same tokens consumed (step x global batch x "
+                        "sequence length, or the tokens a log counts); B is interpolated where they do not meet")
     p.add_argument("--metric", default="loss", help="metrics.jsonl field to compare (default: loss; val_loss for "
                                                     "the evaluations; TASK/acc for an lm-eval task evaluated during "
                                                     "training)")

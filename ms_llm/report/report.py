@@ -12,6 +12,8 @@ from ms_llm.pages.sections import config_section, differences_section, events_se
 from ms_llm.rundir import names
 
 def default_output(run_dirs):
+    if len(run_dirs) == 1 and os.path.isfile(run_dirs[0]):  # a log file: the page beside it
+        return os.path.splitext(run_dirs[0])[0] + "." + names.REPORT
     return os.path.join(run_dirs[0], names.REPORT) if len(run_dirs) == 1 else names.REPORT
 
 

@@ -1,5 +1,8 @@
 """Reading run directories back: one run (for `diagnose`), all runs under a folder (`ms-llm runs`), and the
-differences between two runs (`ms-llm runs --diff A B`). Pure Python over the files the trainer writes."""
+differences between two runs (`ms-llm runs --diff A B`). Pure Python over the files the trainer writes. A log
+file, or a folder of another framework's worker logs, is read into the same Run by ms_llm.rundir.foreign."""
+import contextlib
+import contextvars
 import json
 import math
 import os
@@ -30,6 +33,8 @@ class Run:
     events: list = field(default_factory=list)  # {"step", "event", ...}
     stats: list = field(default_factory=list)  # stats.jsonl records
     bad_lines: int = 0  # unparseable lines (a crash can leave a truncated last line)
+    skipped: dict = field(default_factory=dict)  # another framework's log: lines left out, by reason
+    lacks: list = field(default_factory=list)  # another framework's log: [(field, why the log lacks it)]
 
     @property
     def name(self):
@@ -98,7 +103,12 @@ class Run:
 
     @property
     def max_steps(self):
-        return self.cfg("train.max_steps")
+        return self.cfg("train.max_steps") or self.info.get("max_steps")  # a log without a config says it
+
+    @property
+    def foreign(self):
+        """Whether the run was read from another framework's log (run.info names the framework)."""
+        return "framework" in self.info
 
     @property
     def steps_done(self):
@@ -131,15 +141,48 @@ def is_run_dir(path):
     return os.path.isfile(os.path.join(path, "config.yaml")) or os.path.isfile(os.path.join(path, "run_info.json"))
 
 
+# The reader `--format` forces for paths that are not run directories (ms_llm.rundir.foreign.FORMATS); the
+# commands set it around everything they read, so the report's diagnosis reads the log as the curves do.
+LOG_FORMAT = contextvars.ContextVar("log_format", default=None)
+
+
+@contextlib.contextmanager
+def log_format(fmt):
+    token = LOG_FORMAT.set(fmt)
+    try:
+        yield
+    finally:
+        LOG_FORMAT.reset(token)
+
+
+def is_foreign_path(path):
+    """A path load_run reads with another framework's reader: a file, or a folder that is no run directory."""
+    return os.path.isfile(path) or (os.path.isdir(path) and not is_run_dir(path)
+                                    and not os.path.isfile(os.path.join(path, "metrics.jsonl")))
+
+
 def load_run(path, need_metrics=True):
-    """Everything a run directory holds, parsed. Bad input (no directory, no metrics) is a UserError."""
+    """Everything a run directory holds, parsed; a log file or a folder of worker logs of Megatron-LM,
+    MindSpeed-LLM, MindFormers or torchtitan goes to their reader (ms_llm.rundir.foreign). Bad input (no
+    directory, no metrics) is a UserError."""
+    if is_foreign_path(path):
+        from ms_llm.rundir.foreign import load_foreign
+        from ms_llm.rundir.foreign.detect import log_files
+
+        if os.path.isfile(path) or log_files(path) or LOG_FORMAT.get() not in (None, "auto"):
+            try:
+                return load_foreign(path, Run(path=path), LOG_FORMAT.get())
+            except UserError:
+                if need_metrics or os.path.isfile(path):
+                    raise
     if not os.path.isdir(path):
         raise UserError(f"run directory '{path}' does not exist{' (it is a file)' if os.path.exists(path) else ''}. "
                         f"Pass the folder a training run wrote (the --run-dir of 'ms-llm train'); "
                         f"'ms-llm runs' lists the runs under ./runs.")
     metrics = os.path.join(path, "metrics.jsonl")
     if need_metrics and not os.path.isfile(metrics):
-        what = "a run directory" if is_run_dir(path) else "not a run directory (no config.yaml or run_info.json)"
+        what = "a run directory" if is_run_dir(path) else ("not a run directory (no config.yaml or run_info.json), "
+                                                            "nor a folder of training logs (no *.log)")
         raise UserError(f"'{path}' has no metrics.jsonl, so there is nothing to diagnose; it is {what}. The trainer "
                         f"writes metrics.jsonl at the first log interval (train.log_interval steps): a run that "
                         f"stopped before that has no metrics yet. Check the path, or look at the run's logs/.")

@@ -34,6 +34,8 @@ INIT_FAR = 5.0          # init_std 5x the recipes' 0.02
 
 
 def suspects(run):
+    if not run.config:
+        return []  # no settings to judge (another framework's log without its arguments): absent is not "off"
     out = []
     # no warmup at a high LR names the LR too: the combination leads what it explains, before the LR alone
     for judge in (dropout, warmup, learning_rate, clipping, init, vocabulary, context):

@@ -236,6 +236,9 @@ def rule_loss_scale(run, found, _):
     fp16 = run.cfg("precision.compute_dtype") == "float16"
     causes = ([cause("float16 range: gradients or activations exceed 65504 or underflow", "high")] if fp16 else
               [cause("non-finite gradients outside float16: a NaN source in the graph, not a range problem", "high")])
+    if run.cfg("precision.compute_dtype") is None:  # another framework's log without its config: both fit
+        causes = [cause("float16 range, if it trained in float16 (the log does not say the dtype)", "medium"),
+                  cause("non-finite gradients: a NaN source in the graph", "medium")]
     causes += [cause(f"LR too high: weights and activations grow (train.lr = {g(run.cfg('train.lr'))})", "medium"),
                cause(f"loss-scale settings: init_scale {g(run.cfg('precision.init_scale'))}, scale_window "
                      f"{run.cfg('precision.scale_window')}", "low")]
