@@ -97,3 +97,17 @@ def test_a_setting_that_explains_a_symptom_leads_it_and_comes_first(tmp_path):
     assert [f.id for f in out] == ["config_lr", "loss_nonfinite", "data_wait"]
     assert out[1].causes[0].startswith("LR too high") and out[1].actions[0] == "--set train.lr=1e-3"
     assert "train.lr = 10" in out[1].evidence
+
+
+def test_every_rule_runs_on_a_log_that_states_no_setting(tmp_path):
+    """Another framework's log may state no setting at all (Run.cfg is None for each): every rule still runs, its
+    causes saying the log does not state what they would quote (the engine's catch for such logs is not needed)."""
+    for path in runs(tmp_path):
+        run = load_run(path)
+        run.config, run.info["framework"] = {}, "megatron"
+        found = {}
+        with memoised():
+            for r in registry.ordered_rules():
+                for f in r.fn(run, found, None) or []:  # raises on a setting read as a number
+                    found[f.id] = f
+        assert not [f for f in found.values() if f.id.startswith("config_")], "a setting judged that no log stated"

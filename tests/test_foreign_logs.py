@@ -224,7 +224,7 @@ def test_diagnose_format_flag_forces_the_reader(capsys):
 def test_a_log_without_a_config_is_not_judged_on_settings(capsys):
     assert main(["diagnose", fx("megatron", "pasted.log")]) == 0
     out = capsys.readouterr().out
-    assert "config note" not in out and "the settings rules (schedule and recipe checks)" in out
+    assert "config note" not in out and "the settings rules (each setting against the published configurations)" in out
 
 
 # --- compare-curves and report ---------------------------------------------------------------------------------

@@ -127,9 +127,12 @@ def steps_text(steps, limit=10):
 
 
 def lr_actions(run):
+    """Lower the peak LR, lengthen the warmup: by the run's own values where its config states them."""
     lr, warm, n = run.cfg("train.lr"), run.cfg("train.warmup_steps"), run.max_steps or 0
-    return [f"--set train.lr={lr / 3:.2g} (a third of {g(lr)})",
-            f"--set train.warmup_steps={max(2 * warm, n // 10, 100)} (now {warm})"]
+    return [f"--set train.lr={lr / 3:.2g} (a third of {g(lr)})" if lr else
+            "a third of the peak learning rate (the log does not state it)",
+            f"--set train.warmup_steps={max(2 * warm, n // 10, 100)} (now {warm})" if warm is not None else
+            f"a warmup of {max(n // 10, 100)} steps or more (the log does not state the run's)"]
 
 
 def memory_limit_gib(text, run):

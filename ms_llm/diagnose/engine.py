@@ -73,7 +73,16 @@ def apply_rules(run, rules=None, limit=None):
     found = {}
     with memoised():
         for r in rules if rules is not None else registry.ordered_rules():
-            for f in (r.fn(run, found, limit) if isinstance(r, registry.Rule) else r(run, found, limit)) or []:
+            fn = r.fn if isinstance(r, registry.Rule) else r
+            try:
+                new = fn(run, found, limit) or []
+            except (TypeError, ZeroDivisionError) as e:
+                if not run.foreign:
+                    raise
+                # another framework's log leaves settings out: the rule says so once (diagnose's "not judged")
+                run.lacks.append((fn.__name__, f"it reads a setting this log does not state ({e})"))
+                continue
+            for f in new:
                 found[f.id] = f
     return ordered(compose(found))
 

@@ -59,7 +59,11 @@ class Run:
 
     def cfg(self, dotted):
         """`run.cfg("train.clip_grad")`: a setting by dotted key, typed (`settings`); None where the schema's value is
-        null or an optional section is off."""
+        null or an optional section is off, and, for a log of another framework (which states only some settings),
+        where the log does not state it: no reader takes ms_llm's default for a setting another framework ran with.
+        (An ms_llm run's config.yaml is resolved through the schema: it states every setting.)"""
+        if self.foreign and not self.given(dotted):
+            return None
         node = self.settings
         for key in dotted.split("."):
             node = getattr(node, key, None)

@@ -304,7 +304,7 @@ def rule_speedup(run, found, _):
               cause("a straggler device or uneven load (see logs/rank_<r>.log)", "low")]
     actions = ["profile a window: --set monitor.profile.start_step=20 --set monitor.profile.stop_step=30 (the "
                "top-10 table shows the communication operators' share)",
-               f"--set train.micro_batch_size={2 * run.cfg('train.micro_batch_size')} (more compute per "
+               f"--set train.micro_batch_size={2 * (run.cfg('train.micro_batch_size') or 1)} (more compute per "
                f"all-reduce, if memory allows)", "check HCCL bandwidth between the devices (hccl_test)",
                "ms-llm plan --config <config> --devices N --search (layouts with less communication)"]
     return [Finding("poor_speedup", "warning", f"multi-device speedup {eff * world:.1f}x on {world} devices "

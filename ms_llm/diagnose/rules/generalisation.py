@@ -89,7 +89,7 @@ def overfitting_finding(run, evals, pts, rising, best, last, gaps, t_best, t_las
         + " is more than its size can take without overfitting", "high" if ep_best is not None else "medium")]
     if not run.cfg("model.dropout"):
         causes.append(cause("no regularisation: model.dropout = 0" + (
-            f", train.weight_decay = {g(run.cfg('train.weight_decay'))}" if run.cfg("train.weight_decay") < 0.05
+            f", train.weight_decay = {g(run.cfg('train.weight_decay'))}" if (run.cfg("train.weight_decay") or 0) < 0.05
             else ""), "medium"))
     if shift["data"]:
         ev.append(shift["data"])

@@ -195,7 +195,8 @@ def rule_divergence(run, found, _):
                              f"{g(run.cfg('train.lr'))}{far})", "medium" if strong and not far else "high"
                              if above or blowup or far else "medium"),
                        cause(f"LR warmup too short (train.warmup_steps = {warm})",
-                             "medium" if warm < 0.01 * (run.max_steps or 0) or warm < 50 else "low")]
+                             "medium" if warm < 0.01 * (run.max_steps or 0) or warm < 50 else "low") if warm is not None
+                       else cause("LR warmup too short (the log does not state the warmup)", "low")]
     causes += [c for c in sched if c not in strong]
     causes += [cause(f"gradient clipping off or loose (train.clip_grad = {clip})", "medium" if not clip else "low")
                ] if loose else []
@@ -326,7 +327,7 @@ def rule_spikes(run, found, _):
         cause(f"LR near the edge of stability (train.lr = {g(run.cfg('train.lr'))})",
               "medium" if len(spikes) > 3 else "low"),
         cause(f"Adam's second moment adapting too slowly (train.beta2 = {run.cfg('train.beta2')})",
-              "medium" if run.cfg("train.beta2") >= 0.999 else "low")]
+              "medium" if (run.cfg("train.beta2") or 0) >= 0.999 else "low")]
     causes += [c for c in sched if not c.endswith("[confidence: high]")]
     if run.cfg("precision.compute_dtype") == "float16":
         causes.append(cause("float16 precision loss in attention logits or norms", "low"))

@@ -172,7 +172,8 @@ def balance_actions(run, coef, zcoef):
         actions.append("--set model.moe.z_loss_coef=0.001 (ST-MoE's router z-loss keeps the router logits small, "
                        "so its decisions stay soft)")
     actions.append(f"a smaller learning rate slows the router too (ms_llm has one learning rate for all weights): "
-                   f"--set train.lr={run.cfg('train.lr') / 3:.2g}")
+                   f"--set train.lr={run.cfg('train.lr') / 3:.2g}" if run.cfg("train.lr") else
+                   "a third of the peak learning rate")
     return actions
 
 

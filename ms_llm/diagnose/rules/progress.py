@@ -50,7 +50,7 @@ def rule_progress(run, found, limit):
 
 def judge_progress(run):
     pts = curve(run)
-    warm, n = run.cfg("train.warmup_steps"), run.max_steps or 0
+    warm, n = run.cfg("train.warmup_steps") or 0, run.max_steps or 0
     if len(pts) < MIN_RECORDS or pts[-1][0] < max(FLAT_MIN_STEPS, min(warm, n // 2 if n else warm)):
         return None
     uniform, h1 = uniform_loss(run), unigram_entropy(run)

@@ -33,7 +33,7 @@ def rule_underfitting(run, found, _):
         return None  # those explain a high loss first
     evals = points(run.evals, "val_loss")
     pts = curve(run)
-    warm, n = run.cfg("train.warmup_steps"), run.max_steps or 0
+    warm, n = run.cfg("train.warmup_steps") or 0, run.max_steps or 0
     gate = max(SLOW_MIN_STEPS, 2 * min(warm, n // 4 if n else warm))
     h_val = split_entropy(run, "val")
     if len(evals) < MIN_EVALS or len(pts) < MIN_RECORDS or evals[-1][0] < gate or h_val is None:

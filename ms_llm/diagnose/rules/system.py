@@ -140,7 +140,7 @@ def rule_uneven(run, found, _):
         causes = [host, inside, straggler]
     else:
         causes = [inside, straggler, host]
-    actions.insert(0, f"--set data.num_workers={2 * run.cfg('data.num_workers')}" if stall else
+    actions.insert(0, f"--set data.num_workers={2 * (run.cfg('data.num_workers') or 1)}" if stall else
                    "--set train.log_interval=1 for a while (which steps are slow, and how regularly)")
     return [Finding("throughput_uneven", "warning", "uneven (saw-toothed) throughput", ev, causes, actions,
                     steps[:10])]
@@ -188,7 +188,7 @@ def _telemetry_loads(run):
 def rule_low_mfu(run, found, _):
     pts = steady(run, "mfu")
     hidden = run.cfg("model.hidden_size")
-    if not pts or hidden < LOW_MFU_MIN_HIDDEN:
+    if not pts or hidden is None or hidden < LOW_MFU_MIN_HIDDEN:
         return None  # small models cannot fill a device: low MFU is expected, not actionable
     med = statistics.median(v for _, v in pts)
     if med <= 0 or med >= LOW_MFU:
@@ -205,7 +205,8 @@ def rule_low_mfu(run, found, _):
                      "medium" if run.cfg("recompute_config.recompute") else "low"),
                cause("data waits or communication (see those findings)",
                      "medium" if "data_wait" in found else "low")]
-    actions = [f"--set train.micro_batch_size={2 * run.cfg('train.micro_batch_size')} (if memory allows)",
+    actions = [f"--set train.micro_batch_size={2 * run.cfg('train.micro_batch_size')} (if memory allows)"
+               if run.cfg("train.micro_batch_size") else "a micro-batch twice the run's (if memory allows)",
                "--set context.mode=graph", "--set recompute_config.select_recompute=true instead of full recompute",
                "ms-llm benchmark --config <config> and a profile window (monitor.profile) for the top ops"]
     return [Finding("low_mfu", "warning", f"low MFU: {100 * med:.1f}%", ev, causes, actions)]
@@ -244,7 +245,8 @@ def rule_loss_scale(run, found, _):
                      f"{run.cfg('precision.scale_window')}", "low")]
     actions = (["--set precision.compute_dtype=bfloat16 (no loss scale needed)"] if fp16 else []) + [
         lr_actions(run)[0], f"ms-llm debug nan --run-dir {quoted(run.path)}",
-        f"--set precision.scale_window={2 * run.cfg('precision.scale_window')} (fewer growth attempts)"]
+        f"--set precision.scale_window={2 * run.cfg('precision.scale_window')} (fewer growth attempts)"
+        if run.cfg("precision.scale_window") else "a loss-scale window twice the run's (fewer growth attempts)"]
     return [Finding("loss_scale", "warning", "frequent loss-scale overflows", ev, causes, actions, drops[:10])]
 
 

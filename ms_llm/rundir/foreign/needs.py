@@ -12,9 +12,9 @@ NEEDS = {
     "mem_gib": ("the device memory", "the memory rules (near the limit, growing)"),
     "data_wait_frac": ("the time waiting for data", "the data-wait rule"),
     "val_loss": ("a validation loss", "the generalisation rules (validation rising, train/validation gap)"),
-    "config": ("the run's settings", "the settings rules (schedule and recipe checks), and every cause or action "
-                                     "that names a setting (those read ms_llm's defaults: train.lr 0.001, no warmup "
-                                     "or clipping known)"),
+    "config": ("the run's settings", "the settings rules (each setting against the published configurations), and "
+                                     "the numbers of every cause or action that names a setting (they say the log "
+                                     "does not state it)"),
 }
 # checked in this order; the throughput line also needs what the speed is computed from
 ORDER = tuple(NEEDS)
@@ -39,5 +39,5 @@ def lacking(run, absent):
 def lines(run):
     """One sentence per missing field: the diagnosis that needs it, and why this log does not have it."""
     framework = run.info.get("framework", "the")
-    return [f"{NEEDS[name][1]}: this {framework} log has no {name} ({NEEDS[name][0]})"
-            + (f": {why}" if why else "") for name, why in getattr(run, "lacks", None) or []]
+    return [(f"{NEEDS[name][1]}: this {framework} log has no {name} ({NEEDS[name][0]})" if name in NEEDS else
+             f"the rule {name}") + (f": {why}" if why else "") for name, why in getattr(run, "lacks", None) or []]
