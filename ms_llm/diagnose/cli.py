@@ -33,6 +33,7 @@ def _diagnose(args):
         bisect_suspects(args.run)
     elif not args.no_measure:
         measure_cost_suspects(args.run)
+        bisect_suspects(args.run, budget_s=BISECT_BUDGET_S)
     run, findings = diagnose(args.run, args.device_memory, args.logs, args.benchmark)
     code = exit_code(findings)
     if run.foreign:
@@ -75,28 +76,47 @@ def measure_cost_suspects(path):
 
 MEASURE_BUDGET_S = 120.0
 BISECT_MAX_STEPS = 2000  # the bisect's runs train at most this many steps (a long run is bisected on its start)
+BISECT_BUDGET_S = 90.0   # plain diagnose proves a strong suspect itself when one run of it takes about this long
 
 
-def bisect_suspects(path):
-    """`diagnose --measure`: the settings far from every published value that may slow or destabilise training,
-    proven or cleared by experiment. `ms-llm debug bisect` (a process of its own: diagnose does not import the tuning
-    tools) between the run and the run with those settings at their published values; RUN/bisect.json is read by
-    the diagnosis that follows (rules/bisected.py)."""
+def bisect_suspects(path, budget_s=None):
+    """The settings far from every published value that may slow or destabilise training, proven or cleared by
+    experiment: `ms-llm debug bisect` (a process of its own: diagnose does not import the tuning tools) between the
+    run and the run with those settings at their published values; RUN/bisect.json is read by the diagnosis that
+    follows (rules/bisected.py). `diagnose --measure` bisects every such suspect; plain diagnose (`budget_s`) only
+    the strong ones the curve does not already show, of a finished run on this host whose own training took at
+    most `budget_s` (one more run of it proves them), and never twice."""
     import os
     import subprocess
     import sys
 
+    from ms_llm.diagnose.measure import on_run_host
+    from ms_llm.diagnose.rules.bisected import load_bisect
     from ms_llm.diagnose.rules.schedule import suspects
     from ms_llm.diagnose.rules.suspect import COST
+    from ms_llm.errors import UserError
     from ms_llm.rundir.names import run_config_path
     from ms_llm.rundir.reader import load_run
+    from ms_llm.rundir.walltime import account
 
-    run = load_run(path)
+    try:
+        run = load_run(path)
+    except UserError:
+        return  # the diagnosis itself says what is wrong with the run directory
     chosen = [s for s in suspects(run) if s.sets and set(s.effects) - {COST}]
+    finished = run.status == "finished"
+    if budget_s is not None:
+        wall = (account(run) or {}).get("wall_s")
+        chosen = [s for s in chosen if s.strong]
+        if (not chosen or load_bisect(run) or not finished or not on_run_host(run) or wall is None or wall > budget_s
+                or not os.path.isfile(run_config_path(run.path))):
+            return
+        print(f"diagnose: {len(chosen)} setting(s) far from every published value; proving them with a run of the "
+              f"published value{'s' if len(chosen) > 1 else ''} (about {wall:.0f} s, as long as the run itself; "
+              f"--no-measure to skip)", flush=True)
     if not chosen:
         print("diagnose: no setting far from the published values to bisect", flush=True)
         return
-    finished = run.status == "finished"
     steps = min(BISECT_MAX_STEPS, run.max_steps if finished else run.steps_done or run.max_steps)
     cmd = [sys.executable, "-m", "ms_llm.cli", "debug", "bisect", run_config_path(run.path), run.path,
            "--steps", str(steps), "--output", run.path] + [x for s in chosen for v in s.sets for x in ("--set-good", v)]

@@ -129,8 +129,8 @@ def range_suspect(run, key, spec, get):
     span = priors.fmt(lo) if lo == hi else f"{priors.fmt(lo)}-{priors.fmt(hi)}"
     setting = (f"{what if d else key} = {shown_value(key, get)} is {times(factor)} {side} every value of {where} "
                f"({span})")
-    cause = (f"{what} {priors.fmt(value)} ({lever} = {priors.fmt(get(lever))}) is {times(factor)} {side} every "
-             f"published value ({span})" + (f": {does}" if does else ""))
+    named = f"{what} {priors.fmt(value)} ({lever} = {priors.fmt(get(lever))})" if d else f"{key} = {priors.fmt(value)}"
+    cause = f"{named} is {times(factor)} {side} every published value ({span})" + (f": {does}" if does else "")
     action = (" ".join(f"--set {x}" for x in sets) + f" ({what} {priors.fmt(near[0])}, as {near[1].name})"
               if sets and near is not None else f"bring {key} into {span}")
     return Suspect(suspect_id(key), effects[0], setting, cause, action, strong=factor >= margin ** 2, key=lever,
