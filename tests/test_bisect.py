@@ -18,6 +18,7 @@ class Scripted(bisect_mod.Bisect):
 
     def __init__(self, diff, metric_of_keys, tmp):
         self.diff = diff
+        self.units = bisect_mod.units(diff)
         self.metric, self.steps, self.out, self.echo = "val_loss", 10, str(tmp), lambda *_: None
         self.good_label, self.bad_label, self.good_dir, self.bad_dir = "good", "bad", None, None
         self.runs, self.seconds, self.planned, self.work = [], [], 0, str(tmp)
@@ -38,8 +39,9 @@ class Scripted(bisect_mod.Bisect):
 KEYS = [(f"train.k{i}", 0, 1) for i in range(5)]
 
 
-def scripted(tmp_path, metric):
+def scripted(tmp_path, metric, together=()):
     b = Scripted(KEYS, metric, tmp_path)
+    b.units = bisect_mod.units(KEYS, together)
     return b.run(), len(b.runs)
 
 
@@ -59,6 +61,14 @@ def test_two_keys_that_act_only_together_are_reported_as_a_pair(tmp_path):
 def test_two_keys_that_each_explain_part_of_it_are_both_found(tmp_path):
     found, _ = scripted(tmp_path, lambda a: 2.4 + 0.1 * ("train.k0" in a) + 0.1 * ("train.k4" in a))
     assert sorted(found) == ["train.k0", "train.k4"]
+
+
+def test_keys_that_change_together_are_applied_as_one(tmp_path):
+    def metric(applied):
+        assert ("train.k1" in applied) == ("train.k2" in applied), applied  # never one without the other
+        return 2.6 if "train.k2" in applied else 2.4
+    found, _ = scripted(tmp_path, metric, together=[("train.k1", "train.k2")])
+    assert sorted(found) == ["train.k1", "train.k2"]
 
 
 def test_a_difference_below_the_noise_explains_nothing(tmp_path):

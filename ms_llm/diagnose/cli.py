@@ -49,9 +49,9 @@ def _diagnose(args):
 
 
 def measure_cost_suspects(path):
-    """Plain `diagnose` measures what it can cheaply: a setting far from every published value that costs speed
-    (a head width of 1, an MLP 16 times the width) is timed beside the run's own settings, when this is the run's
-    host and the run's step is short enough that the measurement takes about a minute (MEASURE_BUDGET_S)."""
+    """Plain `diagnose` measures what it can cheaply: a setting far from every published value that may cost speed
+    (a head width of 1, pynative mode) is timed beside the run's own settings, when this is the run's host and the
+    run's step is short enough that the measurement takes about a minute (MEASURE_BUDGET_S)."""
     from ms_llm.diagnose.measure import measure, on_run_host, suspect_variants, unmeasured
     from ms_llm.errors import UserError
     from ms_llm.rundir.names import run_config_path
@@ -63,11 +63,12 @@ def measure_cost_suspects(path):
         return  # the diagnosis itself says what is wrong with the run directory
     import os
 
-    wanted = unmeasured(run, suspect_variants(run, strong_only=True))
+    wanted = unmeasured(run, suspect_variants(run))
     if not wanted or not on_run_host(run) or not os.path.isfile(run_config_path(run.path)):
         return
-    first = (run.info.get("final") or {}).get("compile_s") or 10.0
-    if (1 + len(wanted)) * 2 * (first + 4.0) > MEASURE_BUDGET_S:
+    # each setting twice (startup and ~2 s of steps), each new setting's graph compiled once (the run's own is cached)
+    compile_s = (run.info.get("final") or {}).get("compile_s") or 10.0
+    if 2 * (1 + len(wanted)) * (BENCH_STARTUP_S + 2.0) + len(wanted) * compile_s > MEASURE_BUDGET_S:
         return  # the finding gives the command instead (ms-llm diagnose RUN --measure)
     print(f"diagnose: {len(wanted)} setting(s) far from every published value may cost speed; measuring them "
           f"beside the run's own (--no-measure to skip)", flush=True)
@@ -75,6 +76,7 @@ def measure_cost_suspects(path):
 
 
 MEASURE_BUDGET_S = 120.0
+BENCH_STARTUP_S = 6.0    # a benchmark process: import, dataset, a cached graph
 BISECT_MAX_STEPS = 2000  # the bisect's runs train at most this many steps (a long run is bisected on its start)
 BISECT_BUDGET_S = 90.0   # plain diagnose proves a strong suspect itself when one run of it takes about this long
 
@@ -84,7 +86,7 @@ def bisect_suspects(path, budget_s=None):
     experiment: `ms-llm debug bisect` (a process of its own: diagnose does not import the tuning tools) between the
     run and the run with those settings at their published values; RUN/bisect.json is read by the diagnosis that
     follows (rules/bisected.py). `diagnose --measure` bisects every such suspect; plain diagnose (`budget_s`) only
-    the strong ones the curve does not already show, of a finished run on this host whose own training took at
+    of a finished run on this host whose own training took at
     most `budget_s` (one more run of it proves them), and never twice."""
     import os
     import subprocess
@@ -107,7 +109,6 @@ def bisect_suspects(path, budget_s=None):
     finished = run.status == "finished"
     if budget_s is not None:
         wall = (account(run) or {}).get("wall_s")
-        chosen = [s for s in chosen if s.strong]
         if (not chosen or load_bisect(run) or not finished or not on_run_host(run) or wall is None or wall > budget_s
                 or not os.path.isfile(run_config_path(run.path))):
             return
@@ -120,6 +121,7 @@ def bisect_suspects(path, budget_s=None):
     steps = min(BISECT_MAX_STEPS, run.max_steps if finished else run.steps_done or run.max_steps)
     cmd = [sys.executable, "-m", "ms_llm.cli", "debug", "bisect", run_config_path(run.path), run.path,
            "--steps", str(steps), "--output", run.path] + [x for s in chosen for v in s.sets for x in ("--set-good", v)]
+    cmd += [x for s in chosen if len(s.sets) > 1 for x in ("--together", ",".join(v.split("=")[0] for v in s.sets))]
     print(f"diagnose: bisecting {len(chosen)} suspect setting(s) against their published values: "
           + " ".join(cmd[2:]), flush=True)
     code = subprocess.call(cmd, env=dict(os.environ, GLOG_v=os.environ.get("GLOG_v", "3")))

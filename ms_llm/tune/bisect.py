@@ -101,11 +101,12 @@ def shown(v):
 
 
 class Bisect:
-    def __init__(self, good, bad, metric, steps, out, echo):
+    def __init__(self, good, bad, metric, steps, out, echo, together=()):
         self.good_cfg, self.good_dir, self.good_label = good
         self.bad_cfg, self.bad_dir, self.bad_label = bad
         self.metric, self.steps, self.out, self.echo = metric, steps, out, echo
         self.diff = differing(self.good_cfg, self.bad_cfg)
+        self.units = units(self.diff, together)
         self.runs = []          # {"label", "applied", "metric", "run_dir", "seconds"}
         self.seconds = []
         self.planned = 0
@@ -190,8 +191,9 @@ class Bisect:
         return "BAD" if f >= BAD_SIDE else "GOOD" if f <= GOOD_SIDE else f"between ({100 * f:.0f}% of the way)"
 
     def share(self, applied):
-        """How far a run with `applied` (BAD's values of those keys on GOOD) lies from GOOD toward BAD (0 to 1)."""
-        return self.fraction(self.trial(self.name(applied), list(applied)))
+        """How far a run with `applied` (units: BAD's values of those keys on GOOD) lies from GOOD toward BAD."""
+        keys = [k for u in applied for k in u]
+        return self.fraction(self.trial(self.name(keys), keys))
 
     def minimal(self, keys, base=(), assume=True):
         """The smallest part of `keys` that, with `base` applied too, reproduces BAD (base + keys does; base alone
@@ -214,14 +216,16 @@ class Bisect:
         return first + self.minimal(rest, list(base) + first, assume)
 
     def search(self, keys):
-        """The smallest set of keys that reproduces BAD, confirmed by a run of exactly that set."""
+        """The smallest set of units (keys that change together) that reproduces BAD, confirmed by a run of exactly
+        that set; its keys."""
         found = self.minimal(keys)
         if self.share(found) < BAD_SIDE:  # the shortcut assumed a half that did nothing held no part of the cause
             found = self.minimal(keys, assume=False)
         if len(found) > 1:  # what each explains alone
-            for k in found:
-                self.share([k])
-        return found
+            for u in found:
+                self.share([u])
+        self.found_units = found
+        return [k for u in found for k in u]
 
     @staticmethod
     def name(keys):
@@ -229,7 +233,7 @@ class Bisect:
         return tail if len(keys) == 1 else f"{tail}+{len(keys) - 1}"
 
     def plan(self):
-        k = len(self.diff)
+        k = len(self.units)
         self.planned = 2 + (math.ceil(math.log2(k)) + (1 if k > 1 else 0) if k else 0)
         per = self.per_run_estimate()
         lines = [f"bisect: {k} setting(s) differ between GOOD ({self.good_label}) and BAD ({self.bad_label}):"]
@@ -267,17 +271,20 @@ class Bisect:
             self.echo(f"bisect: GOOD and BAD differ by {abs(self.gap):.3g} in {self.metric} (less than {need:.3g}): "
                       f"none of the {len(all_keys)} settings changes it measurably at {self.steps} steps")
         else:
-            found = self.search(all_keys) if len(all_keys) > 1 else list(all_keys)
+            found = self.search(self.units) if len(self.units) > 1 else list(all_keys)
+            if len(self.units) == 1:
+                self.found_units = list(self.units)
         return self.write(found)
 
     def write(self, found):
         diff = {k: (a, b) for k, a, b in self.diff}
         rows = []
         if found:
+            alone = [(u, self.alone_metric(list(u))) for u in self.found_units] if len(self.found_units) > 1 else []
             rows = [{"keys": list(found), "values": [{"key": k, "good": diff[k][0], "bad": diff[k][1]} for k in found],
                      "metric": self.alone_metric(found),
-                     "alone": [{"key": k, "metric": self.alone_metric([k]),
-                                "share": self.fraction(self.alone_metric([k]))} for k in found]}]
+                     "alone": [{"key": k, "keys": list(u), "metric": m, "share": self.fraction(m)}
+                               for u, m in alone if m is not None for k in u]}]
         last = self.last_line(found)
         doc = {"format": FORMAT, "good": self.good_label, "bad": self.bad_label, "metric": self.metric,
                "steps": self.steps, "differing": [{"key": k, "good": a, "bad": b} for k, a, b in self.diff],
@@ -302,10 +309,24 @@ class Bisect:
             return f"bisect: no setting explains {change}"
         diff = {k: (a, b) for k, a, b in self.diff}
         named = [f"{k} ({shown(diff[k][0])} → {shown(diff[k][1])})" for k in found]
-        if len(found) == 1:
-            return f"bisect: {named[0]} explains {change}"
-        alone = ", ".join(f"{k} {100 * self.fraction(self.alone_metric([k])):.0f}%" for k in found)
+        if len(self.found_units) == 1:
+            return f"bisect: {' with '.join(named)} explain{'s' if len(named) == 1 else ''} {change}"
+        alone = ", ".join(f"{' + '.join(u)} {100 * self.fraction(self.alone_metric(list(u))):.0f}%"
+                          for u in self.found_units)
         return f"bisect: {' and '.join(named)} together explain {change}; alone, each goes this far: {alone}"
+
+
+def units(diff, together=()):
+    """The differing keys as units for the search: each group of `together` (keys that only make a valid config
+    with each other, e.g. model.num_heads with model.num_kv_heads) as one, every other key alone."""
+    keys = [k for k, _, _ in diff]
+    out, seen = [], set()
+    for group in together:
+        unit = tuple(k for k in keys if k in group and k not in seen)
+        if unit:
+            out.append(unit)
+            seen.update(unit)
+    return out + [(k,) for k in keys if k not in seen]
 
 
 def table(doc):
@@ -335,7 +356,7 @@ def default_out(bad_dir):
     return os.path.join("runs", time.strftime("bisect-%Y%m%d-%H%M%S"))
 
 
-def bisect(good, bad, metric="val_loss", steps=None, set_good=(), set_bad=(), out=None, echo=print):
+def bisect(good, bad, metric="val_loss", steps=None, set_good=(), set_bad=(), out=None, echo=print, together=()):
     if metric not in METRICS:
         raise UserError(f"--metric {metric}: choose one of {', '.join(METRICS)}.")
     g, b = side(good, set_good, "GOOD"), side(bad, set_bad, "BAD")
@@ -345,4 +366,5 @@ def bisect(good, bad, metric="val_loss", steps=None, set_good=(), set_bad=(), ou
         raise UserError(f"--steps {steps}: give the optimizer steps of every run, a positive whole number.")
     out = out or default_out(bad if os.path.isdir(bad) else None)
     os.makedirs(out, exist_ok=True)
-    return Bisect(g, b, metric, steps, out, echo).run()
+    return Bisect(g, b, metric, steps, out, echo, together=[tuple(x.split(",")) if isinstance(x, str) else tuple(x)
+                                                             for x in together]).run()

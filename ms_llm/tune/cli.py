@@ -44,7 +44,7 @@ def cmd_bisect(args):
     from ms_llm.tune.bisect import bisect
 
     bisect(args.good, args.bad, args.metric, args.steps, args.set_good, args.set_bad, args.output,
-           echo=lambda line: print(line, flush=True))
+           echo=lambda line: print(line, flush=True), together=args.together)
     return 0
 
 
@@ -61,6 +61,9 @@ def add_bisect_parser(debug):
     p.add_argument("--set-good", action="append", default=[], metavar="KEY=VALUE",
                    help="override a value of GOOD (repeatable), e.g. the published value of a suspect setting")
     p.add_argument("--set-bad", action="append", default=[], metavar="KEY=VALUE", help="override a value of BAD")
+    p.add_argument("--together", action="append", default=[], metavar="KEY1,KEY2",
+                   help="keys that make a valid config only with each other (e.g. model.num_heads,model.num_kv_heads): "
+                        "applied as one (repeatable)")
     p.add_argument("--output", metavar="DIR", help="where the runs and bisect.json go (default: BAD's run directory, "
                                                    "else runs/bisect-<time>); the same command again resumes")
     p.set_defaults(func=cmd_bisect)
