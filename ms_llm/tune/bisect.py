@@ -162,6 +162,10 @@ class Bisect:
                     raise UserError(f"bisect: the run '{label}' ({run_dir}) failed: {error or 'see ' + log}. Fix it "
                                     f"and run the same command again: the runs that finished are reused.")
                 self.seconds.append(wall)
+                if len(self.seconds) == 1 and self.per_run_estimate() is None:  # the plan could not say the time
+                    left = max(0, self.planned - len(self.runs) - 1)
+                    self.echo(f"  the first run took {clock(wall)}: the remaining ~{left} run(s) about "
+                              f"{clock(wall * left)}")
                 run = load_run(run_dir)
         value = metric_of(run, self.metric)
         if value is None:
@@ -236,12 +240,15 @@ class Bisect:
         k = len(self.units)
         self.planned = 2 + (math.ceil(math.log2(k)) + (1 if k > 1 else 0) if k else 0)
         per = self.per_run_estimate()
-        lines = [f"bisect: {k} setting(s) differ between GOOD ({self.good_label}) and BAD ({self.bad_label}):"]
+        grouped = len(self.diff) - k
+        lines = [f"bisect: {len(self.diff)} setting(s) differ between GOOD ({self.good_label}) and BAD "
+                 f"({self.bad_label})" + (f", bisected as {k} (keys that change together are one)" if grouped else "")
+                 + ":"]
         lines += [f"  {key}: {shown(a)} → {shown(b)}" for key, a, b in self.diff]
         lines.append(f"plan: {self.metric} after {self.steps} steps (train.max_steps = {self.steps} in every run); GOOD "
                      f"and BAD, then about {self.planned - 2} run(s) with halves of the difference applied to GOOD: "
                      f"~{self.planned} runs" + (f", about {clock(per * self.planned)} at ~{clock(per)} each" if per
-                                                 else "") + f"; runs in {os.path.join(self.work, 'runs')}")
+                                                 else ", the time known after the first") + f"; runs in {os.path.join(self.work, 'runs')}")
         return "\n".join(lines)
 
     def per_run_estimate(self):

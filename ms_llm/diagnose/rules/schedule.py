@@ -154,6 +154,7 @@ def rule_schedule(run, found, _):
         findings = shown(s, found)
         own = s.shown_by(run) if s.shown_by else None
         judged.append((s, findings, own))
+    judged.sort(key=lambda j: (not (j[1] or j[2]), not j[0].strong))  # shown first, then the strong ones
     out = []
     for s, findings, own in judged:
         if not findings and not own:
