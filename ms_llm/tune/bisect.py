@@ -113,7 +113,7 @@ class Bisect:
         from ms_llm.tune.ladder.launch import Launcher
 
         self.work = os.path.join(out, names.BISECT_DIR)
-        self.launcher = Launcher(os.path.join(self.work, "logs"), echo)
+        self.launcher = Launcher(os.path.join(self.work, "logs"), echo, what="bisect", unit="run")
 
     # --- one short run ---------------------------------------------------------------------------------------
 

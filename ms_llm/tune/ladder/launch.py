@@ -50,17 +50,17 @@ class Interrupted(Exception):
 class Launcher(CatchesStopSignals):
     """Runs rungs one at a time; `eta(rung_left_s)` is the ladder's estimate of everything after the rung."""
 
-    def __init__(self, logs_dir, echo):
-        self.logs_dir, self.echo = logs_dir, echo
+    def __init__(self, logs_dir, echo, what="ladder", unit="rung"):
+        self.logs_dir, self.echo, self.what, self.unit = logs_dir, echo, what, unit
         self.proc, self.signals, self.interrupted = None, 0, 0
 
     def on_signal(self, signum, frame):
         self.interrupted += 1
         if self.interrupted == 1:
-            self.echo(f"\nladder: {signal.Signals(signum).name} received: the running rung finishes its step, saves a "
-                      f"checkpoint and stops (send it again to abort it without one)")
+            self.echo(f"\n{self.what}: {signal.Signals(signum).name} received: the running {self.unit} finishes its "
+                      f"step, saves a checkpoint and stops (send it again to abort it without one)")
         else:
-            self.echo("ladder: second signal: aborting the running rung now")
+            self.echo(f"{self.what}: second signal: aborting the running {self.unit} now")
         self.forward()
 
     def forward(self):
@@ -123,8 +123,8 @@ class Launcher(CatchesStopSignals):
         else:
             left, where = None, "starting (compiling)"
         rest = eta(left, elapsed)
-        self.echo(f"  {where}, {clock(elapsed)} so far, rung ETA {clock(left) if left is not None else '?'}"
-                  + (f"; ladder ETA ~{clock(rest)}" if rest is not None else ""))
+        self.echo(f"  {where}, {clock(elapsed)} so far, {self.unit} ETA {clock(left) if left is not None else '?'}"
+                  + (f"; {self.what} ETA ~{clock(rest)}" if rest is not None else ""))
 
 
 def rung_error(log_path, msrun_logs=None):
