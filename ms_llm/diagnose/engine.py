@@ -111,7 +111,7 @@ def compose(found):
     return list(found.values())
 
 
-ROOT_CAUSES = ("config_", "resume_", "bisected")  # findings that name a setting as the cause of others'
+ROOT_CAUSES = ("config_", "resume_", "bisected")  # findings that name a setting as the cause of others', in order
 
 
 def ordered(findings):
@@ -137,7 +137,8 @@ def ordered(findings):
 
     def group_key(rid):
         worst = min(SEVERITY_ORDER[f.severity] for f in groups[rid])
-        return worst, not rid.startswith(ROOT_CAUSES), ids[rid]
+        kind = next((i for i, p in enumerate(ROOT_CAUSES) if rid.startswith(p)), len(ROOT_CAUSES))
+        return worst, kind, ids[rid]
 
     out = []
     for rid in sorted(groups, key=group_key):

@@ -93,7 +93,10 @@ def suspect_variants(run, strong_only=False):
     from ms_llm.diagnose.rules.schedule import suspects
     from ms_llm.diagnose.rules.suspect import COST
 
-    return [(", ".join(s.sets), list(s.sets), s.setting) for s in suspects(run)
+    def what(s):  # model.num_heads 128 → 2, model.num_kv_heads 128 → 2
+        return ", ".join(f"{k} {run.cfg(k)} → {v}" for k, v in (x.split("=", 1) for x in s.sets))
+
+    return [(", ".join(s.sets), list(s.sets), what(s)) for s in suspects(run)
             if COST in s.effects and s.sets and (s.strong or not strong_only)]
 
 

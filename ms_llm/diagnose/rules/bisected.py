@@ -43,7 +43,8 @@ def rule_bisected(run, found, _):
     if worse <= HARM * abs(good):  # BAD is no worse: what the bisect found changes the metric, for the better or
         return [Finding("bisected", "info", f"note: measured: {doc.get('verdict') or ''}, and BAD's side is not worse "
                         f"({metric} {bad:.4g} against {good:.4g}): not the cause of a worse run", ev,
-                        [cause("the settings found do not make the run worse at this length", "high")], [])]
+                        [cause("the settings found do not make the run worse at this length", "high")],
+                        [f"nothing to change for {metric}: the run's side of the bisect is as good or better"])]
     values = row.get("values") or []
     alone = {a.get("key"): a.get("share") for a in row.get("alone") or []}
     named = [f"{v['key']} ({v['good']} → {v['bad']})" for v in values]
