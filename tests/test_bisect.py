@@ -35,6 +35,9 @@ class Scripted(bisect_mod.Bisect):
     def write(self, found):
         return found
 
+    def valid(self, keys):
+        return list(keys)
+
 
 KEYS = [(f"train.k{i}", 0, 1) for i in range(5)]
 
@@ -97,18 +100,21 @@ def test_a_real_bisect_names_the_harmful_key_and_diagnose_and_the_report_read_it
     save_config(load_config(args[2], overrides), str(good))
     bad = tmp_path / "bad.yaml"
     cfg = yaml.safe_load(open(good))
-    cfg["model"]["ffn_hidden_size"] = 4      # harmful: an MLP an eighth of the width
+    cfg["train"]["lr"] = 1e-5                # harmful: 1/100 of the recipes' LR, the loss barely moves in 60 steps
+    cfg["train"]["min_lr"] = 1e-6
     cfg["train"]["log_interval"] = 20        # harmless: a cadence
     cfg["monitor"]["telemetry_interval_s"] = None
     yaml.safe_dump(cfg, open(bad, "w"))
     out = tmp_path / "bisect"
     proc = train_ok("debug", "bisect", str(good), str(bad), "--steps", "60", "--output", str(out))
     text = proc.stdout
-    assert "plan:" in text and "3 setting(s) differ" in text
+    assert "plan:" in text and "4 setting(s) differ" in text
     doc = json.load(open(out / "bisect.json"))
-    assert [r["keys"] for r in doc["found"]] == [["model.ffn_hidden_size"]], text
-    assert text.strip().splitlines()[-1].startswith("bisect: model.ffn_hidden_size (64 → 4) explains val_loss")
-    assert len(doc["runs"]) <= 2 + math.ceil(math.log2(3)) + 1
+    assert sorted(doc["found"][0]["keys"]) == ["train.lr", "train.min_lr"], text
+    # train.lr 1e-5 alone is below GOOD's min_lr: the bisect applies the min_lr the refusal names with it
+    assert text.strip().splitlines()[-1].startswith("bisect: train.lr (0.001 → 1e-05) with train.min_lr (0.0001 → "
+                                                    "1e-06) explain val_loss"), text
+    assert len(doc["runs"]) <= 2 + math.ceil(math.log2(4)) + 2
     # the same command again reuses every run (an interrupted bisect resumes)
     again = train_ok("debug", "bisect", str(good), str(bad), "--steps", "60", "--output", str(out))
     assert "GOOD + BAD's" not in again.stdout
@@ -117,6 +123,7 @@ def test_a_real_bisect_names_the_harmful_key_and_diagnose_and_the_report_read_it
     with open(os.path.join(run_dir, "bisect.json"), "w") as f:
         json.dump(doc, f)
     diag = ms_llm("diagnose", run_dir, "--no-measure")
-    assert "measured: model.ffn_hidden_size (64 → 4) explains val_loss" in diag.stdout, diag.stdout
+    assert "measured: train.lr (0.001 → 1e-05) and train.min_lr (0.0001 → 1e-06) together explain val_loss" \
+        in diag.stdout, diag.stdout
     train_ok("report", run_dir, "-o", str(tmp_path / "r.html"))
     assert "Bisect</h2>" in open(tmp_path / "r.html").read()

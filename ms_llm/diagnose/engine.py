@@ -111,7 +111,7 @@ def compose(found):
     return list(found.values())
 
 
-ROOT_CAUSES = ("config_", "resume_", "bisected")  # findings that name a setting as the cause of others', in order
+ROOT_CAUSES = ("resume_", "config_", "bisected")  # findings that name a setting as the cause of others', in order
 
 
 def ordered(findings):

@@ -126,13 +126,17 @@ class Bisect:
         return nested(flat)
 
     def reusable(self, run_dir, applied):
-        """A run directory of the user's that trained exactly this config for --steps steps."""
+        """A run directory (the user's, or an earlier run of this bisect) that trained exactly this config for --steps
+        steps: every value the trial's config states is the run's (a null the run's config.yaml resolved, such as
+        the vocabulary taken from the data, matches what it resolved to)."""
         if not run_dir or not os.path.isfile(os.path.join(run_dir, names.METRICS)):
             return None
         run = load_run(run_dir)
         if run.status != "finished" or run.max_steps != self.steps:
             return None
-        return run if differing(run.config, self.config(applied), fixed=()) == [] else None
+        mine = flatten(run.config)
+        same = all(v is None or mine.get(k) == v for k, v in flatten(self.config(applied)).items())
+        return run if same else None
 
     def trial(self, label, applied, reuse=None):
         applied = tuple(applied)
@@ -196,8 +200,27 @@ class Bisect:
 
     def share(self, applied):
         """How far a run with `applied` (units: BAD's values of those keys on GOOD) lies from GOOD toward BAD."""
-        keys = [k for u in applied for k in u]
+        keys = self.valid([k for u in applied for k in u])
         return self.fraction(self.trial(self.name(keys), keys))
+
+    def valid(self, keys):
+        """`keys` with the keys a valid config needs beside them: when BAD's values of `keys` on GOOD fail
+        validation and the refusal names other differing keys (train.lr below train.min_lr), those go with them."""
+        from ms_llm.config import config_from_dict
+
+        keys = list(keys)
+        for _ in range(len(self.diff)):
+            try:
+                config_from_dict(self.config(keys))
+                return keys
+            except UserError as e:
+                partners = [k for k, _, _ in self.diff if k not in keys and k in str(e)]
+                if not partners:
+                    raise UserError(f"bisect: BAD's {', '.join(keys)} on GOOD is not a valid config ({e}) and names no "
+                                    f"other differing key: give the keys that only work together with --together "
+                                    f"KEY1,KEY2.") from None
+                keys += partners
+        return keys
 
     def minimal(self, keys, base=(), assume=True):
         """The smallest part of `keys` that, with `base` applied too, reproduces BAD (base + keys does; base alone
@@ -225,11 +248,14 @@ class Bisect:
         found = self.minimal(keys)
         if self.share(found) < BAD_SIDE:  # the shortcut assumed a half that did nothing held no part of the cause
             found = self.minimal(keys, assume=False)
+        keys = self.valid([k for u in found for k in u])
+        if len(keys) > sum(len(u) for u in found):  # it needed keys beside it to be a valid config: one unit
+            found = [tuple(keys)]
         if len(found) > 1:  # what each explains alone
             for u in found:
                 self.share([u])
         self.found_units = found
-        return [k for u in found for k in u]
+        return keys
 
     @staticmethod
     def name(keys):
