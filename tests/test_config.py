@@ -139,3 +139,50 @@ def test_a_key_given_twice_is_refused_naming_it_and_both_lines(tmp_path):
         load_config(str(path))
     path.write_text("model:\n  num_layers: 4\ntrain:\n  lr: 1.0e-3\n")  # the same keys in other sections are fine
     assert load_config(str(path)).model.num_layers == 4
+
+
+def alias_bomb(levels=9, fan=10):
+    """The "billion laughs": each level lists the one below `fan` times, so it expands to fan**levels values."""
+    lines = ["a0: &a0 [" + ", ".join(['"lol"'] * fan) + "]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * fan) + "]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + f"\nmodel:\n  num_layers: *a{levels}\n"
+
+
+def test_an_alias_bomb_is_refused_at_once_with_bounded_memory(tmp_path):
+    import time
+    import tracemalloc
+
+    path = tmp_path / "bomb.yaml"
+    path.write_text(alias_bomb())
+    tracemalloc.start()
+    began = time.perf_counter()
+    with pytest.raises(UserError, match=r"bomb.yaml' is refused: its aliases expand to more than 100,000 values"):
+        load_config(str(path))
+    took = time.perf_counter() - began
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert took < 1.0, took  # the check counts each node once: ~100 nodes here, not 10^9 visits
+    assert peak < 20 * 2**20, peak
+
+
+def test_aliases_that_loop_or_nest_without_end_are_refused(tmp_path):
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("model: &m\n  x: *m\n")
+    with pytest.raises(UserError, match="an alias refers to the node that contains it"):
+        load_config(str(loop))
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("model: " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(UserError, match="nests its values more than 64 levels deep"):
+        load_config(str(deep))
+    with pytest.raises(UserError, match=r"--set 'model.num_layers=...' is refused: its aliases expand"):
+        load_config(None, ["model.num_layers=" + alias_bomb().replace("\n", "\n")])
+
+
+def test_a_few_anchors_still_work_and_an_oversized_file_is_refused_by_its_size(tmp_path):
+    path = tmp_path / "anchors.yaml"
+    path.write_text("model: &m\n  num_layers: 2\ntrain:\n  max_steps: 7\n")
+    assert load_config(str(path)).model.num_layers == 2
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * (5 * 2**20) + "\n")
+    with pytest.raises(UserError, match=r"big.yaml' is 5,242,883 bytes; a config is a few KiB"):
+        load_config(str(big))

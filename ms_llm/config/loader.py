@@ -55,15 +55,71 @@ class DuplicateKey(yaml.YAMLError):
         self.where, self.first, self.second = where, first, second
 
 
+class OversizedDocument(yaml.YAMLError):
+    def __init__(self, reason):
+        super().__init__(reason)
+        self.reason = reason
+
+
+# A config is a few hundred values; a document that expands to more is an alias bomb or not a config. Counting
+# each node once (aliases share nodes) bounds the check itself: a "billion laughs" of 10^9 values is refused after
+# reading its few hundred nodes, before anything is constructed.
+MAX_EXPANDED_VALUES = 100_000
+# A config file is a few KiB; reading one of more than this is refused with its size instead.
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+# Deeper nesting than this is not a config, and PyYAML's composer recurses once per level.
+MAX_NESTING = 64
+
+
 class UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a mapping giving one key twice (PyYAML keeps the last one without a word)."""
+    """yaml.SafeLoader that refuses a mapping giving one key twice (PyYAML keeps the last one without a word) and a
+    document that expands to more values than a config can hold (an alias bomb)."""
+
+    depth = 0
+
+    def compose_node(self, parent, index):
+        self.depth += 1
+        if self.depth > MAX_NESTING:
+            raise OversizedDocument(f"it nests its values more than {MAX_NESTING} levels deep (a config nests three: "
+                                    f"section, key, list)")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_document(self, node):
-        refuse_repeated_keys(node)
+        expanded_size(node, {})
+        refuse_repeated_keys(node, set())
         return super().construct_document(node)
 
 
-def refuse_repeated_keys(node, path=""):
+def expanded_size(node, sizes):
+    """How many values `node` becomes once every alias is expanded; each node is visited once (memo by identity)."""
+    key = id(node)
+    if key in sizes:
+        if sizes[key] is None:
+            raise OversizedDocument("an alias refers to the node that contains it, so it would expand forever")
+        return sizes[key]
+    sizes[key] = None
+    children = ()
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = node.value
+    total = 1
+    for child in children:
+        total += expanded_size(child, sizes)
+        if total > MAX_EXPANDED_VALUES:
+            raise OversizedDocument(f"its aliases expand to more than {MAX_EXPANDED_VALUES:,} values (a config holds "
+                                    f"a few hundred; this is the shape of an alias bomb)")
+    sizes[key] = total
+    return total
+
+
+def refuse_repeated_keys(node, visited, path=""):
+    if id(node) in visited:  # an alias: its node was checked where it was anchored
+        return
+    visited.add(id(node))
     if isinstance(node, yaml.MappingNode):
         seen = {}
         for key_node, value_node in node.value:
@@ -72,19 +128,27 @@ def refuse_repeated_keys(node, path=""):
             if key in seen:
                 raise DuplicateKey(f"'{where}'", seen[key], key_node.start_mark.line + 1)
             seen[key] = key_node.start_mark.line + 1
-            refuse_repeated_keys(value_node, where)
+            refuse_repeated_keys(value_node, visited, where)
     elif isinstance(node, yaml.SequenceNode):
         for item in node.value:
-            refuse_repeated_keys(item, path)
+            refuse_repeated_keys(item, visited, path)
 
 
 def read_yaml(path):
     if not os.path.isfile(path):
         raise UserError(f"config file '{path}' does not exist. Pass an existing YAML file with --config, "
                         f"e.g. --config configs/shakespeare_char.yaml (paths are relative to the current directory).")
+    size = os.path.getsize(path)
+    if size > MAX_CONFIG_BYTES:
+        raise UserError(f"config file '{path}' is {size:,} bytes; a config is a few KiB, and ms_llm reads none over "
+                        f"{MAX_CONFIG_BYTES:,} bytes. Pass the YAML config itself (model:, data:, train:, ...), not a "
+                        f"data or checkpoint file.")
     try:
         with open(path, encoding="utf-8") as f:
             raw = yaml.load(f, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader that refuses repeated keys)
+    except OversizedDocument as e:
+        raise UserError(f"config file '{path}' is refused: {e.reason}. Write the values out, or use a few "
+                        f"anchors for repeated sections.") from None
     except DuplicateKey as e:
         raise UserError(f"config file '{path}' gives {e.where} twice (line {e.first} and line {e.second}); YAML would "
                         f"silently keep the second. Keep one of them.") from None
@@ -112,7 +176,9 @@ def apply_override(raw, item):
     if len(keys) < 2 or not all(keys):
         raise UserError(f"--set '{item}': '{dotted}' must name a section and a key, e.g. train.max_steps.")
     try:
-        value = yaml.safe_load(text) if text.strip() else ""
+        value = yaml.load(text, Loader=UniqueKeyLoader) if text.strip() else ""  # noqa: S506 (a SafeLoader)
+    except OversizedDocument as e:
+        raise UserError(f"--set '{dotted}=...' is refused: {e.reason}. Give the value itself.") from None
     except yaml.YAMLError:
         value = text
     node = raw
