@@ -9,6 +9,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from ms_llm.errors import UserError
+from ms_llm import env
 from ms_llm.rundir import divergence
 from ms_llm.rundir.divergence import finite, nonfinite  # noqa: F401 (the rules' helpers, shared with the tools)
 
@@ -164,7 +165,7 @@ def parse_size_gib(text, what):
 
 def cache_dir(*parts):
     """~/.cache/ms_llm/diagnose/... (or $MS_LLM_CACHE/diagnose/...): what diagnose computes once per dataset."""
-    root = os.environ.get("MS_LLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ms_llm"))
+    root = env.cache_root()
     return os.path.join(root, "diagnose", *parts)
 
 

@@ -16,6 +16,7 @@ import os
 import numpy as np
 
 from ms_llm.errors import UserError
+from ms_llm import env
 
 NAME = "shakespeare_cloze"
 CONTEXT_CHARS, CHOICE_CHARS, CHOICES, QUESTIONS = 48, 16, 4, 500
@@ -75,7 +76,7 @@ def questions(text, n=QUESTIONS, seed=0):
 
 
 def cache_dir():
-    root = os.environ.get("MS_LLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ms_llm"))
+    root = env.cache_root()
     return os.path.join(root, "eval_tasks")
 
 

@@ -233,7 +233,9 @@ def run_identity(cfg, manifest):
 # --- MindSpore's switch ---------------------------------------------------------------------------------------
 
 def cache_root():
-    return os.environ.get("MS_LLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ms_llm"))
+    from ms_llm import env
+
+    return env.cache_root()
 
 
 def unusable_reason():

@@ -15,6 +15,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from ms_llm import env
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernels.cc")
 # -ffast-math only when compiling: linking with it would pull in crtfastmath.o, which switches the
@@ -52,7 +53,7 @@ def library():
         with open(SOURCE, "rb") as f:
             src = f.read()
         key = hashlib.sha256(src + " ".join(COMPILE_FLAGS).encode() + version.encode() + _cpu_flags().encode())
-        cache = os.environ.get("MS_LLM_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "ms_llm"))
+        cache = env.cache_root()
         out_dir = os.path.join(cache, "kernels")
         target = os.path.join(out_dir, f"ms_llm_kernels_{key.hexdigest()[:16]}.so")
         if not os.path.isfile(target):

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ms_llm.errors import UserError
+from ms_llm import env
 
 # Environment variables msrun (MS_*) or a rank-table launch (RANK_*) set for each worker.
 LAUNCHER_VARS = ("MS_WORKER_NUM", "MS_ROLE", "RANK_TABLE_FILE")
@@ -30,10 +31,9 @@ def launched_distributed():
 def launch_world_size():
     """The number of worker processes of this launch, known from msrun's environment before any rendezvous: a
     config that cannot run on them is refused by every process at once, before one waits on another."""
-    if "MS_WORKER_NUM" in os.environ:
-        return int(os.environ["MS_WORKER_NUM"])
-    if "RANK_SIZE" in os.environ:
-        return int(os.environ["RANK_SIZE"])
+    for name in ("MS_WORKER_NUM", "RANK_SIZE"):
+        if env.count(name) is not None:
+            return env.count(name)
     return 1
 
 
@@ -99,8 +99,8 @@ def select_device(ctx_cfg):
 
     target = device_target(ctx_cfg)
     device_id = ctx_cfg.device_id
-    if device_id is None and "DEVICE_ID" in os.environ:
-        device_id = int(os.environ["DEVICE_ID"])
+    if device_id is None:
+        device_id = env.count("DEVICE_ID")
     try:
         if device_id is not None and target != "CPU":
             ms.set_device(target, device_id)

@@ -12,16 +12,18 @@ import os
 import tempfile
 
 from ms_llm.errors import UserError
+from ms_llm import env
 
 LOCAL_ROOT = "/cache"  # ModelArts' fast local disk
 
 
 def local_root():
-    root = os.environ.get("MS_LLM_MODELARTS_CACHE", LOCAL_ROOT)
+    if os.environ.get("MS_LLM_MODELARTS_CACHE", "").strip():
+        return env.folder("MS_LLM_MODELARTS_CACHE", LOCAL_ROOT)  # one the user chose: refused when unusable
     try:
-        os.makedirs(root, exist_ok=True)
-        return root
-    except OSError:
+        os.makedirs(LOCAL_ROOT, exist_ok=True)
+        return LOCAL_ROOT
+    except OSError:  # not on ModelArts: no /cache to copy to
         return tempfile.mkdtemp(prefix="ms_llm_modelarts_")
 
 
