@@ -30,6 +30,9 @@ def cmd_train(args):
     from ms_llm.config import load_config
 
     cfg = load_config(args.config, args.overrides)  # a bad config is refused before MindSpore is imported
+    from ms_llm import env
+
+    env.cache_root()  # and a cache folder that cannot be one, before the dataset or the run directory is written
     if args.dry_run:
         from ms_llm.train.trainer import dry_run
 

@@ -4,6 +4,7 @@ Every problem becomes a `UserError` naming the field, the value and the fix, rai
 is compiled or any file is written.
 """
 import copy
+import math
 import dataclasses
 import os
 import typing
@@ -246,6 +247,7 @@ def build_section(section, cls, values):
                             + (f" — did you mean '{hint}'?" if hint else ".")
                             + f" Valid keys in '{section}': {', '.join(fields)}.")
         kwargs[key] = coerce(value, hints[key], f"{section}.{key}")
+        check_finite(f"{section}.{key}", value, kwargs[key], fields[key].metadata.get("help", ""))
         choices = fields[key].metadata.get("choices")
         if choices and kwargs[key] is not None and kwargs[key] not in choices:
             hint = closest(str(kwargs[key]), choices)
@@ -253,6 +255,16 @@ def build_section(section, cls, values):
                             + (f" — did you mean '{hint}'?" if hint else ".")
                             + f" Choose one of: {', '.join(map(str, choices))}.")
     return cls(**kwargs)
+
+
+def check_finite(path, given, value, help):
+    """No NaN or infinity reaches a check, the model or MindSpore: refused as the key is read."""
+    from ms_llm.config.schema import LEGAL, numbers_of
+
+    if any(not math.isfinite(v) for v in numbers_of(value)):
+        legal = LEGAL.get(path)
+        raise UserError(f"{path} = {given!r} is not a finite number" + (f"; its legal range is {legal}" if legal
+                        else "") + f" ({help}). Give a number.")
 
 
 def type_name(tp):
@@ -313,7 +325,7 @@ def _coerce(value, tp, path=""):
             raise _Mismatch
         if isinstance(value, int):
             return value
-        if isinstance(value, float) and value.is_integer():
+        if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:  # beyond, a float is no count
             return int(value)
         if isinstance(value, str):
             try:

@@ -348,3 +348,83 @@ class Config:
     monitor: MonitorConfig = field(default_factory=MonitorConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     context: ContextConfig = field(default_factory=ContextConfig)
+
+
+# --- The legal range of every number ---------------------------------------------------------------------------
+# Each int and float key's legal values, declared once; the loader refuses a value outside them (and any NaN or
+# infinity) in one paragraph naming the key, the value and this range, before anything is built.
+# tests/test_config_values.py fails on a numeric key missing here and walks every key with hostile values. The
+# upper bounds are far beyond any model that trains (a value past them is a typo or a unit slip), and below what
+# MindSpore's int32 shapes and counters hold.
+@dataclass(frozen=True)
+class Legal:
+    lo: float
+    hi: float
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def admits(self, v):
+        return (self.lo < v if self.lo_open else self.lo <= v) and (v < self.hi if self.hi_open else v <= self.hi)
+
+    def __str__(self):
+        def num(x):
+            return f"{x:,}" if isinstance(x, int) else f"{x:g}"
+        return f"{'(' if self.lo_open else '['}{num(self.lo)}, {num(self.hi)}{')' if self.hi_open else ']'}"
+
+
+def numbers_of(value):
+    return [v for v in (value if isinstance(value, list) else [value])
+            if isinstance(v, (int, float)) and not isinstance(v, bool)]
+
+
+INT32 = 2**31 - 1
+COUNT = Legal(1, INT32)         # a positive count of steps, records, ...
+OFF_OR_COUNT = Legal(0, INT32)  # 0 switches it off
+WIDTH = Legal(1, 1 << 20)       # a tensor dimension
+SHARE = Legal(0.0, 1.0, hi_open=True)
+POSITIVE = Legal(0.0, 1e9, lo_open=True)
+COEF = Legal(0.0, 1e3)
+DEVICES = Legal(1, 1 << 16)
+
+LEGAL = {
+    "model.num_layers": Legal(1, 4096), "model.hidden_size": WIDTH, "model.num_heads": Legal(1, 4096),
+    "model.num_kv_heads": Legal(1, 4096), "model.ffn_hidden_size": WIDTH, "model.multiple_of": WIDTH,
+    "model.seq_length": Legal(1, 1 << 22), "model.vocab_size": Legal(1, 1 << 24),
+    "model.init_std": Legal(0.0, 10.0, lo_open=True), "model.dropout": SHARE,
+    "model.norm_eps": Legal(0.0, 1.0, lo_open=True, hi_open=True), "model.rope_theta": POSITIVE,
+    "model.rope_scaling.factor": Legal(0.0, 1e6, lo_open=True),
+    "model.rope_scaling.low_freq_factor": Legal(0.0, 1e6, lo_open=True),
+    "model.rope_scaling.high_freq_factor": Legal(0.0, 1e6, lo_open=True),
+    "model.rope_scaling.original_max_position_embeddings": Legal(1, 1 << 24),
+    "model.head_dim": Legal(1, 1 << 16), "model.sliding_window": Legal(1, 1 << 24),
+    "model.moe.num_experts": Legal(1, 1 << 16), "model.moe.top_k": Legal(1, 1 << 16),
+    "model.moe.ffn_hidden_size": WIDTH, "model.moe.shared_expert_size": Legal(0, 1 << 20),
+    "model.moe.aux_loss_coef": COEF, "model.moe.z_loss_coef": COEF,
+    "model.moe.capacity_factor": Legal(0.0, 1e3, lo_open=True), "model.moe.router_init_std": Legal(0.0, 10.0),
+    "data.val_fraction": SHARE, "data.num_workers": Legal(1, 1024),
+    "train.global_batch_size": Legal(1, 1 << 24), "train.micro_batch_size": Legal(1, 1 << 24),
+    "train.max_steps": COUNT, "train.stop_at_step": COUNT,
+    "train.lr": Legal(0.0, 1e3, lo_open=True), "train.min_lr": Legal(0.0, 1e3),
+    "train.warmup_steps": OFF_OR_COUNT, "train.decay_steps": COUNT, "train.weight_decay": COEF,
+    "train.beta1": SHARE, "train.beta2": SHARE, "train.eps": Legal(0.0, 1.0, lo_open=True),
+    "train.clip_grad": Legal(0.0, 1e9), "train.seed": Legal(0, INT32), "train.log_interval": COUNT,
+    "train.eval_interval": OFF_OR_COUNT, "train.eval_steps": COUNT, "train.loss_chunk_tokens": Legal(0, 1 << 30),
+    "train.anomaly.zscore": POSITIVE, "train.anomaly.window": Legal(2, 1 << 20),
+    "train.anomaly.max_nonfinite": COUNT, "train.anomaly.lr_factor": Legal(0.0, 1.0, lo_open=True),
+    # fp16's largest is 65504, fp32's ~3.4e38: a loss scale above 2^64 only overflows
+    "precision.init_scale": Legal(0.0, 2.0**64, lo_open=True), "precision.scale_window": COUNT,
+    "precision.scale_factor": Legal(1.0, 1e3, lo_open=True),
+    "parallel_config.data_parallel": DEVICES, "parallel_config.model_parallel": DEVICES,
+    "parallel_config.expert_parallel": DEVICES, "parallel_config.pipeline_stage": DEVICES,
+    "parallel_config.micro_batch_num": DEVICES,
+    "checkpoint.save_interval": OFF_OR_COUNT, "checkpoint.keep_last": Legal(1, 1 << 20),
+    "checkpoint.upload_budget_s": Legal(0.0, 1e7, lo_open=True),
+    "finetune.lora.rank": Legal(1, 1 << 16), "finetune.lora.alpha": POSITIVE, "finetune.lora.dropout": SHARE,
+    "finetune.preference.beta": Legal(0.0, 1e3, lo_open=True), "finetune.preference.simpo_gamma": Legal(0.0, 1e3),
+    "monitor.telemetry_interval_s": Legal(0.0, 1e6, lo_open=True), "monitor.peak_tflops": POSITIVE,
+    "monitor.tensor_stats.every": COUNT, "monitor.tensor_stats.vanish_norm": Legal(0.0, 1e6),
+    "monitor.tensor_stats.vanish_records": COUNT, "monitor.tensor_stats.explode_zscore": POSITIVE,
+    "monitor.profile.start_step": OFF_OR_COUNT, "monitor.profile.stop_step": COUNT,
+    "eval.interval": OFF_OR_COUNT, "eval.limit": Legal(0.0, 1e9, lo_open=True), "eval.num_fewshot": Legal(0, 1 << 10),
+    "eval.batch_size": Legal(1, 1 << 16), "context.device_id": Legal(0, 1 << 16), "context.num_threads": Legal(1, 1 << 12),
+}

@@ -5,6 +5,7 @@ heads, FFN width). Values that depend on the launch (data-parallel size) and the
 once, by ms_llm.train.setup.resolve (with `check_against_dataset` here), into new Config objects; a loaded config is
 never changed (its sections are frozen dataclasses).
 """
+import dataclasses
 from dataclasses import replace
 
 from ms_llm.errors import UserError, closest
@@ -113,7 +114,18 @@ def validate_config(cfg):
         raise UserError(f"checkpoint.upload_budget_s = {cfg.checkpoint.upload_budget_s} must be > 0: the seconds one "
                         f"checkpoint's upload is retried before it is left only local.")
     check_trackers(cfg.monitor.trackers)
+    check_memory_size(cfg.context.max_device_memory)
+    check_legal_ranges(cfg)
     return cfg
+
+
+def check_memory_size(text):
+    """MindSpore's set_memory takes 'xxGB' and nothing else; refused here rather than by the runtime on the device."""
+    import re
+
+    if text is not None and not re.fullmatch(r"\d+(\.\d+)?GB", str(text).strip()):
+        raise UserError(f"context.max_device_memory = {text!r} is not a memory size MindSpore accepts: write a number "
+                        f"of GB, e.g. '58GB' (MindFormers' value on a 64 GB Ascend device), or null for the default.")
 
 
 def check_trackers(names):
@@ -314,3 +326,23 @@ def check_against_dataset(cfg, manifest, dataset_dir):
                         f"largest id {manifest.get('max_token_id', need - 1)}) in '{dataset_dir}'. Set "
                         f"model.vocab_size >= {need}, or null to take it from the data.")
     return cfg
+
+
+def check_legal_ranges(cfg):
+    """Every number of a validated config inside its key's declared legal range (schema.LEGAL): the last check of
+    validation, so that a key's own check, with its context, speaks first where there is one."""
+    from ms_llm.config.schema import LEGAL, numbers_of
+
+    for path, legal in LEGAL.items():
+        value = cfg
+        for part in path.split("."):
+            value = getattr(value, part, None)
+        for v in numbers_of(value):
+            if not legal.admits(v):
+                section, key = path.rsplit(".", 1)
+                owner = cfg
+                for part in section.split("."):
+                    owner = getattr(owner, part)
+                help = next(f.metadata.get("help", "") for f in dataclasses.fields(owner) if f.name == key)
+                raise UserError(f"{path} = {v!r} is outside its legal range {legal} ({help}). Give a value in that "
+                                f"range.")
