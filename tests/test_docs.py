@@ -116,22 +116,35 @@ def test_the_preset_help_names_every_preset():
 
 
 def test_the_readme_test_commands_are_the_ones_pytest_ini_and_ci_use():
-    """The README's full-suite command is what .ci/run runs, and its fast tier selects by the marker pytest.ini
-    declares."""
-    readme = read("README.md")
-    full = re.search(r'^pip install -e "\.\[dev\]" && (python -m pytest -q -rs --durations=25[^\n#]*? tests)\b', readme,
-                     re.M)
-    assert full and full.group(1) in read(".ci/run") and 'pip install -e ".[dev]"' in read(".ci/run")
+    """The README's install and full-suite commands are what .ci/run runs, and its fast tier selects by the marker
+    pytest.ini declares."""
+    readme, ci = read("README.md"), read(".ci/run")
+    assert re.search(r'^pip install -e "\.\[dev\]"$', readme, re.M) and re.search(r'^pip install -e "\.\[dev\]"$', ci, re.M)
+    full = re.search(r"^(python -m pytest -q -rs --durations=25[^\n#]*? tests)\b", readme, re.M)
+    assert full and re.search(rf"^{re.escape(full.group(1))}$", ci, re.M)
     assert re.search(r'^python -m pytest -q -m "not slow" tests\b', readme, re.M)
     assert re.search(r"^\s+slow:", read("pytest.ini"), re.M)
 
 
+QUICKSTART = ["pip install -e .", "ms-llm train --config configs/shakespeare_char.yaml --run-dir runs/quickstart"]
+
+
 def test_the_quickstart_installs_the_core_alone_and_trains():
-    """Two commands: the first installs ms_llm without the test and reference packages (torch, transformers, ...)
-    and trains."""
-    readme = read("README.md")
-    block = re.search(r"## Quickstart \(two commands\).*?```bash\n(.*?)```", readme, re.S).group(1).strip()
-    assert block == "pip install -e . && ms-llm train --config configs/shakespeare_char.yaml --run-dir runs/quickstart"
+    """Two commands, each on its own line: the first installs ms_llm without the test and reference packages (torch,
+    transformers, ...), the second trains."""
+    block = re.search(r"## Quickstart \(two commands\).*?```bash\n(.*?)```", read("README.md"), re.S).group(1)
+    assert block.strip().splitlines() == QUICKSTART
+
+
+def test_the_readme_opens_with_the_run_and_test_commands_and_stays_short():
+    """A new reader finds how to run and how to test in the first 40 lines, and the whole page stays within 250."""
+    readme = read("README.md").splitlines()
+    first = readme[:40]
+    for command in QUICKSTART + ['pip install -e ".[dev]"']:
+        assert command in first, command
+    assert any(line.startswith("python -m pytest -q -rs") for line in first)
+    assert any(line.startswith('python -m pytest -q -m "not slow" tests') for line in first)
+    assert len(readme) <= 250, len(readme)
 
 
 def markdown_files():
@@ -170,3 +183,77 @@ def test_every_link_and_repository_path_in_the_docs_exists():
             if not glob.glob(os.path.join(ROOT, path)) and not path.startswith(MINDFORMERS_PATHS):
                 broken.append(f"{md}: path {path}")
     assert not broken, "\n".join(broken)
+
+
+def documented_command_lines():
+    """(file, line number, text) of every `ms-llm ...` command the docs show: inline code spans and the lines of
+    code blocks, each cut at a shell separator (a pipe, &&, ;) and at a comment."""
+    found = []
+    for md in markdown_files():
+        for number, line in enumerate(read(md).splitlines(), 1):
+            for span in re.findall(r"`(ms-llm [^`]+)`", line) or ([line] if "ms-llm " in line and "`" not in line else []):
+                for part in re.split(r"\|\||&&|[|;]|\s#\s", span):
+                    start = part.find("ms-llm ")
+                    if start >= 0 and re.match(r"ms-llm [a-z]", part[start:]):
+                        found.append((md, number, part[start:].strip()))
+    return found
+
+
+def resolve_documented(text, known):
+    """The command path and the options a documented `ms-llm ...` line names, against the parser's commands."""
+    words = text.split()[1:]
+    path = next((tuple(words[:n]) for n in range(min(len(words), 3), 0, -1) if tuple(words[:n]) in known), None)
+    options = [re.match(r"--[a-z][\w-]*", w).group(0) for w in words if re.match(r"\[?--[a-z]", w.lstrip("["))
+               for w in [w.lstrip("[")]]
+    return path, options
+
+
+def test_every_documented_command_runs_its_help():
+    """Each `ms-llm ...` line of README.md and docs/ names a command that exists, its `--help` runs, and every option
+    the line shows is one that command takes: a renamed or removed command or flag fails here, not in a user's
+    shell."""
+    import contextlib
+    import io
+
+    parser = build_parser()
+    known = commands(parser)
+    lines = documented_command_lines()
+    assert len(lines) > 100, len(lines)  # the walk sees the docs
+    wrong, helped = [], set()
+    for md, number, text in lines:
+        path, options = resolve_documented(text, known)
+        if path is None:
+            wrong.append(f"{md}:{number}: `{text}` names no ms-llm command")
+            continue
+        if path not in helped:
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                try:
+                    build_parser().parse_args([*path, "--help"])
+                except SystemExit as e:
+                    assert e.code == 0, (path, e.code)
+            assert out.getvalue().startswith(f"usage: ms-llm {' '.join(path)}"), out.getvalue()[:200]
+            helped.add(path)
+        takes = {o for a in known[path]._actions for o in a.option_strings}
+        wrong += [f"{md}:{number}: `{text}`: ms-llm {' '.join(path)} takes no {o}" for o in options if o not in takes]
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_documented_command_walk_catches_a_stale_command_and_flag():
+    known = commands(build_parser())
+    assert resolve_documented("ms-llm debug lr-find --config C", known) == (("debug", "lr-find"), ["--config"])
+    assert resolve_documented("ms-llm lr-find --config C", known)[0] is None
+    path, options = resolve_documented("ms-llm convert --from-hf DIR [--no-such-flag X]", known)
+    assert path == ("convert",) and "--no-such-flag" in options
+
+
+# Words of how the project was made, not of the project: a reader has no issue tracker, brief or work session to
+# look up.
+MAKING_WORDS = re.compile(r"\bissue \d+|\bthe brief\b|\b(?:this|that|another|same|a later|an earlier) session\b", re.I)
+
+
+def test_the_docs_speak_of_the_project_not_of_how_it_was_made():
+    found = [f"{md}:{n}: {m.group(0)!r}" for md in markdown_files() for n, line in enumerate(read(md).splitlines(), 1)
+             for m in [MAKING_WORDS.search(line)] if m]
+    assert not found, "\n".join(found)
+    assert MAKING_WORDS.search("the measured case of issue 35") and not MAKING_WORDS.search("open_session(cfg)")
