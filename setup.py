@@ -29,11 +29,13 @@ setup(
     # these machines hold (a range would pull a CUDA build of several GB)
     # eval: lm-evaluation-harness (ms-llm eval, the eval: section); pyarrow 25+ (datasets' own) needs NumPy 2, which
     # MindSpore 2.10 does not take. dev adds lm-eval's hf extra (accelerate): the parity tests run lm-eval's own
-    # Hugging Face model beside ours
+    # Hugging Face model beside ours; trl: DPOTrainer, the reference of the preference parity tests; hypothesis: the
+    # property-based tests of the readers (tests/fuzz)
     extras_require={"dev": ["pytest", "pytest-xdist", "tokenizers", "sentencepiece", "tensorboardX>=2.6",
                             "tensorboard", "torch==2.13.0", "transformers>=4.45,<6", "boto3>=1.36",
                             "esdk-obs-python>=3.23", "mlflow>=2.10", "swanlab>=0.6,<0.6.5", "moto[server]>=5",
-                            "lm-eval[hf]>=0.4,<0.5", "pyarrow<25"],
+                            "lm-eval[hf]>=0.4,<0.5", "pyarrow<25", "trl>=0.19",
+                            "hypothesis>=6"],
                     "eval": ["lm-eval>=0.4,<0.5", "pyarrow<25", "tokenizers"],
                     "hf": ["tokenizers"], "sentencepiece": ["sentencepiece"], "tensorboard": ["tensorboardX>=2.6"],
                     "torch": ["torch>=2.1", "transformers>=4.45"], "s3": ["boto3>=1.36"],

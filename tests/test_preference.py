@@ -218,12 +218,13 @@ def model(tmp_path_factory):
     return d
 
 
-TRAIN = ["train.global_batch_size=4", "train.micro_batch_size=4", "train.warmup_steps=0", "train.lr_schedule=constant",
+PAIRS = 4  # pairs per step (train.global_batch_size)
+TRAIN = [f"train.global_batch_size={PAIRS}", f"train.micro_batch_size={PAIRS}", "train.warmup_steps=0", "train.lr_schedule=constant",
          "train.lr=1e-3", "train.weight_decay=0.0", "train.beta2=0.999", "train.clip_grad=1.0", "train.log_interval=1",
          "train.eval_interval=0", "train.eval_steps=1", "precision.loss_scale=none", "data.shuffle=false",
          "train.loss_chunk_tokens=0", "monitor.progress_bar=false", "monitor.summary=false", "monitor.report=false",
          "monitor.telemetry_interval_s=null"]
-STEPS = 20  # the parity length: the loss after 20 steps within 1e-3 of TRL's
+STEPS = 20  # the parity length: the loss after 20 steps within 1e-3 of TRL's
 
 
 def train(model, data, run, *settings):
@@ -286,7 +287,11 @@ def compare(ours, theirs, what, exact):
             assert abs(a - b) <= 1e-5, f"{what} step 1 {k}: ours {a} TRL {b}"
     for i, (a, b) in enumerate(zip(ours, theirs), 1):
         for k in METRICS[:4]:  # the rewards move as TRL's (a swapped sign moves them the other way: 0.124 vs -0.106)
-            assert abs(a[k] - b[k]) <= max(5e-3, 0.03 * abs(b[k])), f"{what} step {i} {k}: ours {a[k]} TRL {b[k]}"
+            # The accuracy counts the pairs whose margin is above 0: a pair within float32 drift of 0 counts on one
+            # side and not the other (IPO's step 9 with TRL 1.16: mean margin 0.0038 against 0.0042, accuracy 0.25
+            # against 0.5), so it may differ by one pair; the margins themselves are held to the drift.
+            tol = 1 / PAIRS + 1e-9 if k == "rewards/accuracies" else max(5e-3, 0.03 * abs(b[k]))
+            assert abs(a[k] - b[k]) <= tol, f"{what} step {i} {k}: ours {a[k]} TRL {b[k]}"
         assert abs(a["loss"] - b["loss"]) <= 1e-3 * max(1.0, abs(b["loss"])), \
             f"{what} step {i} loss: ours {a['loss']} TRL {b['loss']}"
     print(f"\n{what}: " + "; ".join(f"{k} {a:.6g} vs TRL {b:.6g}" for k, a, b in rows)
