@@ -6,13 +6,18 @@ alternating rounds in one process on the same machine: tokens/s of each and whet
          --prompt 8 --new 56                                # the quickstart's shape
 
 The model is a random transformers model (weights redrawn so that its greedy path is no near-tie), saved with
-save_pretrained and converted in memory the way `ms-llm eval --hf` converts it. Both sides generate one sequence
-(batch 1) greedily for --new tokens; transformers with its own KV cache (use_cache, the default). Each side is
-warmed up once (ms_llm compiles its prefill and decode graphs there); then --rounds alternating timed runs, and the
-ratio of the medians. Both use every core (torch's and MindSpore's default threads). Needs torch and transformers.
+save_pretrained and converted in memory the way `ms-llm eval --hf` converts it. Both sides generate --batch
+sequences (different prompts of the same length) greedily for --new tokens; transformers with its own KV cache
+(use_cache, the default), ms_llm with its cache and the argmax in the decode graph. Each side is warmed up once
+(ms_llm compiles its prefill and decode graphs there); then --rounds alternating timed runs, and the ratio of the
+medians. Both use every core (torch's and MindSpore's default threads). Each round prints the cores other processes
+kept busy meanwhile (the host's busy time less this process's own): a ratio measured beside other work is not a
+quiet machine's. ms_llm's time per token is split into the prefill, the decode graphs and the host's work
+between them. Needs torch and transformers.
 """
 import argparse
 import os
+import resource
 import statistics
 import sys
 import tempfile
@@ -58,6 +63,7 @@ def main():
     ap.add_argument("--context", type=int, default=512)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--new", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     args = ap.parse_args()
     os.environ.setdefault("GLOG_v", "3")
@@ -66,7 +72,8 @@ def main():
     from ms_llm.eval.source import LoadedModel, build as build_ours, context_config, setup
     from ms_llm.config import from_dict
     from ms_llm.config.validate import validate_config
-    from ms_llm.generate import Generator, next_token
+    from ms_llm.diagnose.measure import HostMeter
+    from ms_llm.generate import Generator
     from ms_llm.interop import huggingface as hf
 
     with tempfile.TemporaryDirectory() as folder:
@@ -78,40 +85,85 @@ def main():
         tensors, _ = hf.read_hf_tensors(folder)
         model = build_ours(cfg, hf.hf_to_ours(tensors, cfg.model, hf.detect_prefix(tensors, cfg.model.arch)), folder)
     n_params = sum(p.numel() for p in theirs.parameters())
-    prompt = np.random.default_rng(0).integers(0, args.vocab, args.prompt).tolist()
-    generator = Generator(model, context)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, args.vocab, args.prompt).tolist() for _ in range(args.batch)]
+    generator = Generator(model, context, args.batch)
+    phases = PhaseTimer(generator)
 
     def run_ours():
-        return generator.generate([prompt], args.new, lambda _, logits: next_token(logits))[0]
+        return generator.generate(prompts, args.new)
 
     def run_theirs():
         with torch.no_grad():
-            out = theirs.generate(torch.tensor([prompt]), max_new_tokens=args.new, min_new_tokens=args.new,
+            out = theirs.generate(torch.tensor(prompts), max_new_tokens=args.new, min_new_tokens=args.new,
                                   do_sample=False, pad_token_id=0)
-        return out[0, len(prompt):].tolist()
+        return out[:, args.prompt:].tolist()
 
-    print(f"{args.family}: {n_params / 1e6:.1f}M parameters, context {context}, {args.new} new tokens after "
-          f"{args.prompt}; torch {torch.__version__} ({torch.get_num_threads()} threads)", flush=True)
+    print(f"{args.family}: {n_params / 1e6:.1f}M parameters, context {context}, batch {args.batch}, {args.new} new "
+          f"tokens after {args.prompt}; torch {torch.__version__} ({torch.get_num_threads()} threads)", flush=True)
     t0 = time.perf_counter()
     ours_tokens = run_ours()
     print(f"ms_llm warm-up (compiles prefill + decode): {time.perf_counter() - t0:.1f} s", flush=True)
     theirs_tokens = run_theirs()
-    speeds = {"ms_llm": [], "transformers": []}
+    speeds, others = {"ms_llm": [], "transformers": []}, []
     for r in range(args.rounds):
         for name, fn in (("ms_llm", run_ours), ("transformers", run_theirs)):
-            t0 = time.perf_counter()
-            tokens = fn()
-            s = len(tokens) / (time.perf_counter() - t0)
+            phases.reset()
+            with HostMeter(own=resource.RUSAGE_SELF) as host:
+                t0 = time.perf_counter()
+                tokens = fn()
+                s = sum(map(len, tokens)) / (time.perf_counter() - t0)
             speeds[name].append(s)
-            print(f"round {r + 1} {name}: {s:,.1f} tokens/s", flush=True)
+            others.append(host.other)
+            split = f" ({phases.line(args.new)})" if name == "ms_llm" else ""
+            print(f"round {r + 1} {name}: {s:,.1f} tokens/s{split}; other processes on "
+                  f"{'?' if host.other is None else f'{host.other:.2f}'} cores", flush=True)
     med = {k: statistics.median(v) for k, v in speeds.items()}
+    known = [o for o in others if o is not None]
     print(f"median tokens/s: ms_llm {med['ms_llm']:,.1f} ({min(speeds['ms_llm']):,.1f}-{max(speeds['ms_llm']):,.1f}), "
           f"transformers {med['transformers']:,.1f} ({min(speeds['transformers']):,.1f}-"
-          f"{max(speeds['transformers']):,.1f}); ratio {med['ms_llm'] / med['transformers']:.2f}x")
-    print(f"greedy tokens identical: {ours_tokens == theirs_tokens}"
-          + ("" if ours_tokens == theirs_tokens else
-             f" (first difference at token {next(i for i, (a, b) in enumerate(zip(ours_tokens, theirs_tokens)) if a != b)})"))
+          f"{max(speeds['transformers']):,.1f}); ratio {med['ms_llm'] / med['transformers']:.2f}x; other processes "
+          f"on {statistics.median(known) if known else float('nan'):.2f} cores (median)")
+    print(f"greedy tokens identical: {ours_tokens == theirs_tokens}")
 
+
+class PhaseTimer:
+    """Wall time of the generator's prefill and decode graphs (each call waits for its result); the rest of a
+    generation is the host's work between graph calls."""
+
+    def __init__(self, generator):
+        self.seconds = {"prefill": 0.0, "decode": 0.0}
+        for attr, phase in (("prefill", "prefill"), ("step", "decode"), ("greedy_step", "decode")):
+            setattr(generator, attr, self.timed(getattr(generator, attr), phase))
+        self.t0 = time.perf_counter()
+
+    def timed(self, cell, phase):
+        def call(*args):
+            t0 = time.perf_counter()
+            out = cell(*args).asnumpy()
+            self.seconds[phase] += time.perf_counter() - t0
+            return Result(out)
+        return call
+
+    def reset(self):
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
+        self.t0 = time.perf_counter()
+
+    def line(self, new_tokens):
+        total = time.perf_counter() - self.t0
+        graphs = sum(self.seconds.values())
+        return (f"per token {total / new_tokens * 1e3:.2f} ms: prefill {self.seconds['prefill'] / new_tokens * 1e3:.2f}, "
+                f"decode graphs {self.seconds['decode'] / new_tokens * 1e3:.2f}, host {(total - graphs) / new_tokens * 1e3:.2f}")
+
+
+class Result:
+    """A graph's output already on the host (what the generator then calls .asnumpy() on)."""
+
+    def __init__(self, array):
+        self.array = array
+
+    def asnumpy(self):
+        return self.array
 
 if __name__ == "__main__":
     main()

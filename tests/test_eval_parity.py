@@ -150,14 +150,14 @@ def test_kv_cache_greedy_tokens_are_transformers_generate_ones(folder):
     import torch
 
     from ms_llm.eval.source import load_model
-    from ms_llm.generate import Generator, next_token
+    from ms_llm.generate import Generator
 
     loaded = load_model(hf=str(folder["hf"]), log=lambda *a: None)
     rng = np.random.default_rng(2)
     prompts = [rng.integers(2, 300, n).tolist() for n in (5, 20, 40)]
     eos = loaded.tokenizer.eot_id
-    got = Generator(loaded.model, loaded.context, batch_size=4).generate(
-        prompts, 20, lambda _, logits: next_token(logits), lambda _, tokens: tokens[-1] == eos)
+    got = Generator(loaded.model, loaded.context, batch_size=4).generate(  # greedy: the argmax in the graph
+        prompts, 20, None, lambda _, tokens: tokens[-1] == eos)
     for prompt, tokens in zip(prompts, got):
         with torch.no_grad():
             out = folder["model"].generate(torch.tensor([prompt]), max_new_tokens=20, do_sample=False)

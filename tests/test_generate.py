@@ -43,9 +43,15 @@ def full_window(model, ids, n):
 
 
 def greedy(model, prompts, n, batch_size):
+    """Greedy tokens both ways: the argmax in the decode graph (the default) and on the host from the logits (the
+    path sampling takes); they must agree."""
     from ms_llm.generate import Generator, next_token
 
-    return Generator(model, SEQ, batch_size).generate(prompts, n, lambda _, logits: next_token(logits))
+    generator = Generator(model, SEQ, batch_size)
+    in_graph = generator.generate(prompts, n)
+    on_host = generator.generate(prompts, n, lambda _, logits: next_token(logits))
+    assert in_graph == on_host
+    return in_graph
 
 
 def test_kv_cache_greedy_tokens_are_the_full_window_ones_op_by_op():

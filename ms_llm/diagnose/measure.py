@@ -128,9 +128,11 @@ def workdir(run):
 
 
 class HostMeter:
-    """Other processes' CPU while a child process runs: the host's busy time less the children's own."""
+    """Other processes' CPU while a child process runs (or, with `own=resource.RUSAGE_SELF`, while this process
+    runs a measurement itself): the host's busy time less the measured processes' own."""
 
-    def __init__(self):
+    def __init__(self, own=resource.RUSAGE_CHILDREN):
+        self.own = own
         try:
             import psutil
         except ImportError:
@@ -140,14 +142,14 @@ class HostMeter:
     def __enter__(self):
         if self.psutil:
             self.psutil.cpu_percent(interval=None)
-        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        ru = resource.getrusage(self.own)
         self.child0, self.t0 = ru.ru_utime + ru.ru_stime, time.perf_counter()
         self.other = None
         return self
 
     def __exit__(self, *exc):
         wall = time.perf_counter() - self.t0
-        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        ru = resource.getrusage(self.own)
         child = ru.ru_utime + ru.ru_stime - self.child0
         if self.psutil and wall > 0:
             busy = self.psutil.cpu_percent(interval=None) / 100 * (self.psutil.cpu_count() or 1)

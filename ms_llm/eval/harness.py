@@ -192,8 +192,9 @@ class MsLLM(TemplateLM):
                     def stop(row, tokens):
                         return tokens[-1] == self.eot_token_id or any(u and u in self.tok.decode(tokens) for u in until)
 
-                    new = self.generator.generate(
-                        prompts, max_gen_toks, lambda _, logits: next_token(logits, temperature, top_k, rng), stop)
+                    choose = None if temperature <= 0 else \
+                        (lambda _, logits: next_token(logits, temperature, top_k, rng))  # None: greedy in the graph
+                    new = self.generator.generate(prompts, max_gen_toks, choose, stop)
                     for i, tokens in zip(chunk, new):
                         text = postprocess_generated_text(self.tok.decode(tokens), until, None)
                         out[i] = text

@@ -9,7 +9,7 @@ the window at every step (tests/test_generate.py), at one forward of one token p
 """
 import numpy as np
 
-from ms_llm.nn.kv_cache import DecodeStep, Prefill
+from ms_llm.nn.kv_cache import DecodeStep, KVCache, Prefill
 
 SMALLEST_BUCKET = 16
 
@@ -47,16 +47,19 @@ class Generator:
     def __init__(self, model, context, batch_size=1, buckets=None):
         self.context, self.batch_size = context, batch_size
         self.buckets = buckets or length_buckets(context)
-        self.prefill = Prefill(model, context)
-        self.step = DecodeStep(model, context)
-        self.prefill.set_train(False)
-        self.step.set_train(False)
+        self.cache = KVCache(model, batch_size, context)
+        self.prefill = Prefill(model, self.cache)
+        self.step = DecodeStep(model, self.cache)
+        self.greedy_step = DecodeStep(model, self.cache, greedy=True)  # compiled only when greedy decoding runs
+        for cell in (self.prefill, self.step, self.greedy_step):
+            cell.set_train(False)
 
-    def generate(self, prompts, max_new_tokens, choose, stop=None):
+    def generate(self, prompts, max_new_tokens, choose=None, stop=None):
         """New tokens for each prompt (lists of ids, none empty; at most `batch_size` of them).
 
-        choose(row, logits (V,) float32) → the next token of row `row`; stop(row, new tokens so far) → True when
-        that row is finished (the token that finished it is kept). Rows run until all stop or `max_new_tokens`."""
+        choose(row, logits (V,) float32) → the next token of row `row`; None: greedy, the argmax taken in the graph
+        (only a token per row leaves it). stop(row, new tokens so far) → True when that row is finished (the token
+        that finished it is kept). Rows run until all stop or `max_new_tokens`."""
         import mindspore as ms
 
         n = len(prompts)
@@ -65,21 +68,20 @@ class Generator:
         seqs = [list(map(int, p)) for p in prompts] + [[0]] * (self.batch_size - n)  # padding rows: never read
         new = [[] for _ in range(n)]
         done = [max_new_tokens <= 0] * n
-        keys = values = None
+        filled = False
         for _ in range(max_new_tokens):
-            if keys is None or max(len(s) for s in seqs) > self.context:
-                logits, keys, values = self.window(seqs, ms)
+            if not filled or max(len(s) for s in seqs) > self.context:
+                picked = self.pick(self.window(seqs, ms).asnumpy(), n, choose)
+                filled = True
             else:  # the last token of each row goes in at its position; the cache holds the ones before it
-                token = np.array([[s[-1]] for s in seqs], np.int32)
-                pos = np.array([len(s) - 1 for s in seqs], np.int32)
-                # mutable: a tuple argument is otherwise a constant of the graph, compiled again at every step
-                logits, keys, values = self.step(ms.Tensor(token), ms.Tensor(pos), ms.mutable(keys),
-                                                 ms.mutable(values))
-            logits = logits.asnumpy()
+                token = ms.Tensor(np.array([[s[-1]] for s in seqs], np.int32))
+                pos = ms.Tensor(np.array([len(s) - 1 for s in seqs], np.int32))
+                picked = self.greedy_step(token, pos).asnumpy().tolist() if choose is None else \
+                    self.pick(self.step(token, pos).asnumpy(), n, choose)
             for row in range(n):
                 if done[row]:
                     continue
-                t = choose(row, logits[row])
+                t = int(picked[row])
                 new[row].append(t)
                 seqs[row].append(t)
                 done[row] = stop is not None and stop(row, new[row])
@@ -89,8 +91,15 @@ class Generator:
                 break
         return new
 
+    @staticmethod
+    def pick(logits, n, choose):
+        """The next token of each of the first n rows, from their logits on the host."""
+        if choose is None:
+            choose = lambda _, row_logits: next_token(row_logits)  # noqa: E731
+        return [choose(row, logits[row]) for row in range(n)]
+
     def window(self, seqs, ms):
-        """A prefill of each row's last `context` tokens: (logits at each row's last token, keys, values)."""
+        """A prefill of each row's last `context` tokens into the cache: the logits at each row's last token."""
         rows = [s[-self.context:] for s in seqs]
         width = bucket(max(len(r) for r in rows), self.buckets)
         ids = np.zeros((len(rows), width), np.int32)

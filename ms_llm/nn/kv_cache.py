@@ -1,20 +1,27 @@
 """A fixed-size key/value cache for generation: prefill once, then one token per step.
 
-The cache of each layer is a (B, KV, S, D) tensor with S the model's context (seq_length), so every decode step
-has the same shapes and compiles once; a prompt is right-padded to one of a few lengths (buckets) and prefilled
-in one call. Both Cells run the model's own sub-cells (embedding, norms, `CausalSelfAttention.heads`, its core
-and `output`, the MLPs), so a prefill computes what the model's forward computes.
+The cache of each layer is a (B, KV, S, D) Parameter with S the model's context (seq_length), held by `KVCache` and
+written in place: a prefill assigns a prompt's keys and values, a decode step scatters one new key and value per
+row at its position. Nothing of the cache crosses between the host and the graph, and every decode step has the
+same shapes and compiles once. A prompt is right-padded to one of a few lengths (buckets) and prefilled in one
+call. Both Cells run the model's own sub-cells (embedding, norms, `CausalSelfAttention.heads`, its core and
+`output`, the MLPs), so a prefill computes what the model's forward computes.
 
-    Prefill(model, S)(ids (B, P), last (B,))            → logits at `last` (B, V), keys, values
-    DecodeStep(model, S)(token (B, 1), pos (B,), keys, values) → logits (B, V), keys, values
+    cache = KVCache(model, B, S)
+    Prefill(model, cache)(ids (B, P), last (B,))   → logits at `last` (B, V), cache written
+    DecodeStep(model, cache)(token (B, 1), pos (B,)) → logits (B, V), cache updated at pos
+    DecodeStep(model, cache, greedy=True)(...)     → the argmax token (B,) instead of the logits
 
-`keys` and `values` are tuples with one (B, KV, S, D) tensor per layer. Row b of a batch holds its tokens at
-positions 0..pos[b] - 1; DecodeStep writes the new token's key and value at pos[b] and attends to 0..pos[b] (within
-the sliding window where the model has one). Cache entries past a row's length hold prompt padding or nothing:
-they are masked, then overwritten as the row grows. Scores, mask and softmax are float32, as in training.
+Row b of a batch holds its tokens at positions 0..pos[b] - 1; DecodeStep writes the new token's key and value at
+pos[b] and attends to 0..pos[b] (within the sliding window where the model has one). Cache entries past a row's
+length hold prompt padding or nothing: they are masked, then overwritten as the row grows. With grouped-query
+attention the `groups` query heads of a key/value head attend to its cache as one (groups, D) block, so the cache is
+never repeated per query head. Scores, mask and softmax are float32, as in training.
 """
+import numpy as np
+
 import mindspore as ms
-from mindspore import nn, ops
+from mindspore import Parameter, nn, ops
 
 from ms_llm.nn.attention import MASKED
 
@@ -38,13 +45,34 @@ def _last_rows(x, last):
     return ops.BatchMatMul()(pick.expand_dims(1), x)
 
 
-class Prefill(nn.Cell):
-    """The prompt's forward: the logits at each row's last real token and every layer's keys and values, padded
-    to the cache length."""
+class KVCache(nn.Cell):
+    """Every layer's keys and values for `batch_size` rows of `length` positions, as Parameters written in place
+    (not trained: they are no part of the model's weights or checkpoints)."""
 
-    def __init__(self, model, cache_length):
+    def __init__(self, model, batch_size, length):
         super().__init__(auto_prefix=False)
-        self.model, self.cache_length = model, cache_length
+        core = model.layers[0].attention.core
+        kv, d = core.num_heads // core.groups, core.head_dim
+        shape, dtype = (batch_size, kv, length, d), model.dtype
+        zeros = lambda: ms.Tensor(np.zeros(shape, ms.dtype_to_nptype(dtype)))  # noqa: E731
+        n = len(model.layers)
+        self.keys = ms.ParameterTuple([Parameter(zeros(), f"kv_cache.keys.{i}", requires_grad=False) for i in range(n)])
+        self.values = ms.ParameterTuple([Parameter(zeros(), f"kv_cache.values.{i}", requires_grad=False)
+                                         for i in range(n)])
+        self.batch_size, self.length, self.kv_heads = batch_size, length, kv
+        # scatter indices (B, KV, 3) = [row, head, position]: the first two fixed, the position per step
+        rows = np.broadcast_to(np.arange(batch_size).reshape(-1, 1, 1), (batch_size, kv, 1))
+        heads = np.broadcast_to(np.arange(kv).reshape(1, -1, 1), (batch_size, kv, 1))
+        self.row_head = ms.Tensor(np.concatenate([rows, heads], -1).astype(np.int32))
+
+
+class Prefill(nn.Cell):
+    """The prompt's forward: the logits at each row's last real token; every layer's keys and values, padded to the
+    cache length, written into the cache."""
+
+    def __init__(self, model, cache):
+        super().__init__(auto_prefix=False)
+        self.model, self.cache = model, cache
 
     def construct(self, ids, last):
         m = self.model
@@ -53,63 +81,66 @@ class Prefill(nn.Cell):
             x = m.embed_dropout((m.embedding_gather(m.embedding, ids, 0) + m.positions[:t]).astype(m.dtype))
         else:
             x = m.embed_dropout(m.embedding_gather(m.embedding, ids, 0).astype(m.dtype))
-        keys, values = (), ()
+        i = 0
         for layer in m.layers:
             attn = layer.attention
             q, k, v = attn.heads(layer.attn_norm(x))
             x = x + attn.output(attn.core(q, k, v))
             x = x + _mlp(layer, x)
-            keys = keys + (self.padded(k),)
-            values = values + (self.padded(v),)
+            ops.assign(self.cache.keys[i], self.padded(k))
+            ops.assign(self.cache.values[i], self.padded(v))
+            i += 1
         logits = m.logits(_last_rows(m.final_norm(x), last))
-        return logits.reshape(b, -1), keys, values
+        return logits.reshape(b, -1)
 
     def padded(self, x):
         b, kv, t, d = x.shape
-        if t == self.cache_length:
+        if t == self.cache.length:
             return x
-        return ops.concat((x, ops.zeros((b, kv, self.cache_length - t, d), x.dtype)), 2)
+        return ops.concat((x, ops.zeros((b, kv, self.cache.length - t, d), x.dtype)), 2)
 
 
 class DecodeStep(nn.Cell):
-    """One new token per row against the cache: its key and value written at `pos`, attention over 0..pos."""
+    """One new token per row against the cache: its key and value written at `pos`, attention over 0..pos; the
+    logits, or with `greedy` the argmax token (the first of equal maxima, as numpy's), computed in the graph."""
 
-    def __init__(self, model, cache_length):
+    def __init__(self, model, cache, greedy=False):
         super().__init__(auto_prefix=False)
-        self.model, self.cache_length = model, cache_length
+        self.model, self.cache, self.greedy = model, cache, greedy
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
         self.softmax = ops.Softmax(-1)
+        self.argmax = ops.Argmax(-1, ms.int32)
 
-    def construct(self, token, pos, keys, values):
-        m = self.model
+    def construct(self, token, pos):
+        m, c = self.model, self.cache
         b = token.shape[0]
         positions = pos.reshape(b, 1)
         x = _embed(m, token, positions)
-        slots = ops.arange(self.cache_length, dtype=ms.int32).reshape(1, -1)  # (1, S)
-        here = (slots == positions).reshape(b, 1, self.cache_length, 1)  # where the new key goes
-        new_keys, new_values = (), ()
-        for i, layer in enumerate(m.layers):
+        slots = ops.arange(c.length, dtype=ms.int32).reshape(1, -1)  # (1, S)
+        at = ops.concat((c.row_head, ops.broadcast_to(pos.reshape(b, 1, 1), (b, c.kv_heads, 1))), -1)  # (B, KV, 3)
+        i = 0
+        for layer in m.layers:
             attn = layer.attention
             q, k, v = attn.heads(layer.attn_norm(x), positions)
-            kc = ops.select(ops.broadcast_to(here, keys[i].shape), ops.broadcast_to(k, keys[i].shape), keys[i])
-            vc = ops.select(ops.broadcast_to(here, values[i].shape), ops.broadcast_to(v, values[i].shape), values[i])
-            x = x + attn.output(self.attend(attn.core, q, kc, vc, slots, positions))
+            keys = ops.scatter_nd_update(c.keys[i], at, k.squeeze(2))
+            values = ops.scatter_nd_update(c.values[i], at, v.squeeze(2))
+            x = x + attn.output(self.attend(attn.core, q, keys, values, slots, positions))
             x = x + _mlp(layer, x)
-            new_keys = new_keys + (kc,)
-            new_values = new_values + (vc,)
-        logits = m.logits(m.final_norm(x))
-        return logits.reshape(b, -1), new_keys, new_values
+            i += 1
+        logits = m.logits(m.final_norm(x)).reshape(b, -1)
+        if self.greedy:
+            return self.argmax(logits.astype(ms.float32))
+        return logits
 
     def attend(self, core, q, k, v, slots, positions):
-        """softmax(q kᵀ·scale + mask) v for one query per row, with the core's scale, grouping and window."""
-        if core.groups > 1:  # grouped-query attention: each key/value head serves `groups` query heads
-            b, kv, s, d = k.shape
-            k = ops.broadcast_to(k.reshape(b, kv, 1, s, d), (b, kv, core.groups, s, d)).reshape(b, -1, s, d)
-            v = ops.broadcast_to(v.reshape(b, kv, 1, s, d), (b, kv, core.groups, s, d)).reshape(b, -1, s, d)
+        """softmax(q kᵀ·scale + mask) v for one query per row, with the core's scale, grouping and window: q (B, H,
+        1, D) as (B, KV, groups, D) against k, v (B, KV, S, D)."""
+        b, kv, s, d = k.shape
+        q = q.reshape(b, kv, core.groups, d)
         visible = slots <= positions  # (B, S): keys 0..pos
         if core.window is not None:  # the query attends to itself and the window - 1 tokens before it
             visible = visible & (slots > positions - core.window)
         bias = ops.select(visible, ops.zeros(visible.shape, ms.float32), ops.fill(ms.float32, visible.shape, MASKED))
         scores = self.qk(q * core.scale, k).astype(ms.float32) + bias.expand_dims(1).expand_dims(1)
-        return self.pv(self.softmax(scores).astype(core.dtype), v)
+        return self.pv(self.softmax(scores).astype(core.dtype), v).reshape(b, kv * core.groups, 1, d)

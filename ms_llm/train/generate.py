@@ -52,8 +52,8 @@ def sample(run_dir, prompt="\n", max_new_tokens=500, temperature=0.8, top_k=200,
     generator, outs = Generator(model, cfg.model.seq_length), []
     for i in range(num_samples):
         rng = np.random.default_rng(seed + i)
-        new = generator.generate([prompt_ids.tolist()], max_new_tokens,
-                                 lambda _, logits: next_token(logits, temperature, top_k, rng),
+        choose = None if temperature <= 0 else (lambda _, logits: next_token(logits, temperature, top_k, rng))
+        new = generator.generate([prompt_ids.tolist()], max_new_tokens, choose,  # None: greedy, in the graph
                                  None if stop is None else (lambda _, tokens: tokens[-1] == stop))
         outs.append(tokenizer.decode(new[0] if chat else prompt_ids.tolist() + new[0]))
     return outs
