@@ -2,13 +2,14 @@
 
   python benchmarks/side_by_side.py --rounds 3                         # the quickstart (speed)
   python benchmarks/side_by_side.py --rounds 3 --steps 20 --dataset-dir /tmp/shakespeare_256 \\
-         --set model.seq_length=256 --vocab-size 32000                  # issue 27's table (context 256)
+         --set model.seq_length=256 --vocab-size 32000                  # context 256, a 32k vocabulary
 
 Each round runs `ms-llm benchmark --json` and `benchmarks/pytorch_reference.py` back to back, so both see the
 same machine state; the ratio of medians over rounds is printed. Peak memory is each process's maximum
 resident set (`/usr/bin/time -v` where it exists, else the children's rusage), and the working memory is that
 peak less what importing the framework alone costs (measured the same way, once per framework). Peak memory is
-robust to a busy machine; tokens/s are not, hence the alternation and the range over rounds.
+robust to a busy machine; tokens/s are not, hence the alternation, the range over rounds, and the cores other
+processes kept busy during each run (the host's busy time less the benchmarked process's own), printed beside it.
 Needs `pip install torch==2.13.0`.
 """
 import argparse
@@ -34,7 +35,16 @@ def last_json(text):
 
 
 def run(cmd, env):
-    """(stdout, peak resident MiB) of one process."""
+    """(stdout, peak resident MiB, other processes' cores) of one process."""
+    sys.path.insert(0, ROOT)
+    from ms_llm.diagnose.measure import HostMeter
+
+    with HostMeter() as host:
+        out, peak = run_alone(cmd, env)
+    return out, peak, host.other
+
+
+def run_alone(cmd, env):
     if TIME:
         proc = subprocess.run(["/usr/bin/time", "-v"] + cmd, cwd=ROOT, capture_output=True, text=True, env=env)
         if proc.returncode != 0:
@@ -69,17 +79,20 @@ def main():
     if args.dataset_dir:
         theirs_cmd += ["--dataset-dir", args.dataset_dir]
     imports = {name: run([sys.executable, "-c", f"import {name}"], env)[1] for name in ("mindspore", "torch")}
+    others = []
     ours, theirs = [], []
     for r in range(args.rounds):
-        out, a_peak = run(ours_cmd, env)
+        out, a_peak, a_other = run(ours_cmd, env)
         a = last_json(out)
-        out, b_peak = run(theirs_cmd, env)
+        out, b_peak, b_other = run(theirs_cmd, env)
         b = last_json(out)
+        others += [o for o in (a_other, b_other) if o is not None]
+        load = "?" if a_other is None or b_other is None else f"{a_other:.2f} / {b_other:.2f}"
         ours.append((a["tokens_per_s"], a_peak))
         theirs.append((b["tokens_per_s"], b_peak))
         print(f"round {r + 1}: ms_llm {a['tokens_per_s']:,.0f} tok/s, peak {a_peak:,.0f} MiB   pytorch "
               f"{b['tokens_per_s']:,.0f} tok/s, peak {b_peak:,.0f} MiB   speed ratio "
-              f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}", flush=True)
+              f"{a['tokens_per_s'] / b['tokens_per_s']:.2f}   other processes on {load} cores", flush=True)
     ratios = [a[0] / b[0] for a, b in zip(ours, theirs)]
     peak_a, peak_b = max(p for _, p in ours), max(p for _, p in theirs)
     work_a, work_b = peak_a - imports["mindspore"], peak_b - imports["torch"]
@@ -90,7 +103,8 @@ def main():
                       "ratio": float(np.median([a for a, _ in ours]) / np.median([b for b, _ in theirs])),
                       "ratio_range": [min(ratios), max(ratios)], "rounds": args.rounds,
                       "ms_llm_peak_mib": peak_a, "pytorch_peak_mib": peak_b, "import_mib": imports,
-                      "working_memory_ratio": work_a / work_b}))
+                      "working_memory_ratio": work_a / work_b,
+                      "other_cores_median": float(np.median(others)) if others else None}))
 
 
 if __name__ == "__main__":
