@@ -54,14 +54,31 @@ def write_tensors(path, arrays, fmt):
 
 
 def read_tensors(path):
-    """{name: numpy array} from a .ckpt or .safetensors file."""
+    """{name: numpy array} from a .ckpt or .safetensors file; a damaged one is a UserError naming it."""
     if path.endswith(".safetensors"):
-        from safetensors.numpy import load_file
+        from ms_llm.checkpoint import safetensors_io
 
-        return load_file(path)
+        return safetensors_io.load(path)[0]  # its header checked against the file first (bfloat16 as float32)
+    return {k: v.asnumpy() for k, v in load_mindspore_checkpoint(path).items()}
+
+
+def load_mindspore_checkpoint(path):
+    """{name: Parameter} of a MindSpore .ckpt. MindSpore reports a cut or corrupt file as a ValueError (and logs
+    it); here it is one paragraph naming the file."""
     import mindspore as ms
 
-    return {k: v.asnumpy() for k, v in ms.load_checkpoint(path).items()}
+    from ms_llm.errors import UserError
+
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint '{path}' does not exist{' (it is a folder)' if os.path.isdir(path) else ''}. "
+                        f"Give the path of a .ckpt or .safetensors file.")
+    try:
+        return ms.load_checkpoint(path)
+    except (ValueError, RuntimeError, OSError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"checkpoint '{path}' ({os.path.getsize(path):,} bytes) cannot be read as a MindSpore "
+                        f"checkpoint ({first}). The file is truncated or corrupt: copy it again, or give an "
+                        f"earlier checkpoint.") from None
 
 
 def save(directory, step, arrays, meta, fmt="ckpt", keep_last=None):

@@ -35,13 +35,9 @@ def read_checkpoint(path):
         arrays, dtypes, _ = safetensors_io.load(path)
         dtypes = {k: SAFETENSORS_DTYPES.get(v, v) for k, v in dtypes.items()}
         return {k: np.asarray(v, np.float32) for k, v in arrays.items()}, dtypes, list(arrays)
-    import mindspore as ms
+    from ms_llm.checkpoint.store import load_mindspore_checkpoint
 
-    try:
-        params = ms.load_checkpoint(path)
-    except (ValueError, RuntimeError, OSError) as e:
-        raise UserError(f"'{path}' cannot be read as a MindSpore checkpoint ({str(e).splitlines()[0][:200]}). Give "
-                        f"the .ckpt file MindFormers saved (or its rank_<r>/ folder with --strategy).") from None
+    params = load_mindspore_checkpoint(path)
     arrays, dtypes = {}, {}
     for k, p in params.items():
         dtypes[k] = str(p.dtype).replace("mindspore.", "").lower()
