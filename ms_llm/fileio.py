@@ -1,4 +1,5 @@
 """Small file helpers shared by the data, checkpoint and run-directory code."""
+import contextlib
 import hashlib
 import json
 import os
@@ -31,3 +32,76 @@ def read_versioned_json(path, fmt):
     except (OSError, ValueError):
         return None
     return doc if isinstance(doc, dict) and doc.get("format") == fmt else None
+
+
+# --- a user's file: read, decoded and interpreted into one paragraph that names it ----------------------------
+
+def refuse_if_larger(path, limit, what):
+    """A `what` larger than `limit` bytes is refused with its size before a byte of it is read: parsing it would cost
+    memory and time out of proportion to what such a file holds."""
+    from ms_llm.errors import UserError
+
+    size = os.path.getsize(path)
+    if size > limit:
+        raise UserError(f"'{path}' is {size:,} bytes; a {what} is far smaller, and ms_llm reads none over {limit:,} "
+                        f"bytes. Check that the path names the {what} itself.")
+
+
+def read_user_text(path, what, limit=None):
+    """The UTF-8 text of a user's file; a missing, unreadable, oversized or non-UTF-8 one is a UserError naming it."""
+    from ms_llm.errors import UserError
+
+    try:
+        if limit is not None:
+            refuse_if_larger(path, limit, what)
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"{what} '{path}' cannot be read ({e.strerror or e}). Check the path and its "
+                        f"permissions.") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise UserError(f"{what} '{path}' is not UTF-8 text: byte {e.start:,} (line {line}) is "
+                        f"{data[e.start:e.start + 1]!r}. The file is damaged or not a {what}: copy or download it "
+                        f"again.") from None
+
+
+def read_user_json(path, what, expect=dict, limit=None):
+    """The JSON document of a user's file, of type `expect`; anything else is a UserError naming the file, the
+    position of a syntax error or the type found."""
+    from ms_llm.errors import UserError
+
+    text = read_user_text(path, what, limit)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{what} '{path}' is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}. The file "
+                        f"is damaged or cut short: copy or download it again.") from None
+    except (ValueError, RecursionError) as e:
+        raise UserError(f"{what} '{path}' cannot be read as JSON ({type(e).__name__}: {str(e)[:120]}).") from None
+    if expect is not None and not isinstance(doc, expect):
+        raise UserError(f"{what} '{path}' holds a JSON {type(doc).__name__}, not a JSON "
+                        f"{'object' if expect is dict else expect.__name__}. The file is damaged or not a {what}.")
+    return doc
+
+
+@contextlib.contextmanager
+def interpreting(path, what, fix=""):
+    """Around code that interprets the values of a user's file: a key it lacks or a value of the wrong type, met
+    deep inside as a KeyError, TypeError, ValueError, ..., becomes one paragraph naming the file; so does a
+    UserError raised there that names a key but not the file."""
+    from ms_llm.errors import UserError
+
+    try:
+        yield
+    except UserError as e:
+        if path in str(e):
+            raise
+        raise UserError(f"{what} '{path}': {e}") from None
+    except KeyError as e:
+        raise UserError(f"{what} '{path}' lacks {e.args[0]!r}. {fix}".strip()) from None
+    except (TypeError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError) as e:
+        raise UserError(f"{what} '{path}' holds a value of the wrong type or out of range ({type(e).__name__}: "
+                        f"{str(e)[:200]}). {fix}".strip()) from None

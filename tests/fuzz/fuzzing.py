@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 from ms_llm.errors import UserError
 
 FAST_EXAMPLES = 25
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # no shrinking: a damaged file is small already, and shrinking one that MindSpore reads costs minutes
 NO_SHRINK = (Phase.explicit, Phase.reuse, Phase.generate)
 
