@@ -68,7 +68,10 @@ def read_user_text(path, what, limit=None):
                         f"again.") from None
 
 
-def read_user_json(path, what, expect=dict, limit=None):
+DAMAGED = "The file is damaged or cut short: copy or download it again."
+
+
+def read_user_json(path, what, expect=dict, limit=None, fix=DAMAGED):
     """The JSON document of a user's file, of type `expect`; anything else is a UserError naming the file, the
     position of a syntax error or the type found."""
     from ms_llm.errors import UserError
@@ -77,13 +80,13 @@ def read_user_json(path, what, expect=dict, limit=None):
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise UserError(f"{what} '{path}' is not valid JSON: {e.msg} at line {e.lineno}, column {e.colno}. The file "
-                        f"is damaged or cut short: copy or download it again.") from None
+        raise UserError(f"{what} '{path}' cannot be read as JSON ({e.msg} at line {e.lineno}, column {e.colno}). "
+                        f"{fix}") from None
     except (ValueError, RecursionError) as e:
-        raise UserError(f"{what} '{path}' cannot be read as JSON ({type(e).__name__}: {str(e)[:120]}).") from None
+        raise UserError(f"{what} '{path}' cannot be read as JSON ({type(e).__name__}: {str(e)[:120]}). {fix}") from None
     if expect is not None and not isinstance(doc, expect):
         raise UserError(f"{what} '{path}' holds a JSON {type(doc).__name__}, not a JSON "
-                        f"{'object' if expect is dict else expect.__name__}. The file is damaged or not a {what}.")
+                        f"{'object' if expect is dict else expect.__name__}: it is damaged or not a {what}. {fix}")
     return doc
 
 
