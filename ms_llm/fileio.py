@@ -108,3 +108,28 @@ def interpreting(path, what, fix=""):
     except (TypeError, ValueError, AttributeError, IndexError, OverflowError, ZeroDivisionError) as e:
         raise UserError(f"{what} '{path}' holds a value of the wrong type or out of range ({type(e).__name__}: "
                         f"{str(e)[:200]}). {fix}".strip()) from None
+
+
+def typed(doc, types):
+    """`doc` without the values whose type is not the one `types` gives for their key ({"*": t}: every key; a type
+    or a tuple of types for a leaf, where None always passes and a bool passes only as bool). For a record that is
+    advisory (run_info.json, measure.json): a value of the wrong type is left out, as if the file did not state it,
+    and what reads the record never meets a string where it compares numbers. `typed` of a leaf of the wrong type,
+    or of a non-dict where a dict is wanted, is LEFT_OUT."""
+    if isinstance(types, (type, tuple)):
+        kinds = types if isinstance(types, tuple) else (types,)
+        if doc is None or (isinstance(doc, kinds) and (bool in kinds or not isinstance(doc, bool))):
+            return doc
+        return LEFT_OUT
+    if not isinstance(doc, dict):
+        return LEFT_OUT
+    out = {}
+    for k, v in doc.items():
+        want = types.get(k, types.get("*"))
+        v = v if want is None else typed(v, want)
+        if v is not LEFT_OUT:
+            out[k] = v
+    return out
+
+
+LEFT_OUT = object()

@@ -148,11 +148,14 @@ def verify(directory, step):
     if not os.path.isfile(man):
         return None, "no manifest (the save did not finish)"
     try:
-        with open(man, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        return None, f"unreadable manifest ({e})"
-    path = os.path.join(directory, manifest.get("file", ""))
+        with open(man, "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not JSON, or not UTF-8
+        return None, f"unreadable manifest ({type(e).__name__}: {str(e)[:120]})"
+    wrong = manifest_problem(manifest)
+    if wrong:
+        return None, f"manifest {wrong}"
+    path = os.path.join(directory, manifest["file"])
     if not os.path.isfile(path):
         return None, "tensor file missing"
     size = os.path.getsize(path)
@@ -161,6 +164,29 @@ def verify(directory, step):
     if sha256_file(path) != manifest.get("sha256"):
         return None, "SHA-256 mismatch (corrupted)"
     return manifest, None
+
+
+# What resume reads of a checkpoint's manifest, by type (save() writes them so).
+MANIFEST_FIELDS = {"file": str, "bytes": int, "sha256": str, "step": int, "consumed_samples": int, "epoch": int}
+OPTIONAL_FIELDS = ("consumed_samples", "epoch")  # a training checkpoint has them; a converted or LoRA one may not
+
+
+def manifest_problem(manifest):
+    """None when a checkpoint manifest has the fields resume reads, of their types; else what is wrong."""
+    if not isinstance(manifest, dict):
+        return f"is a JSON {type(manifest).__name__}, not an object"
+    for key, kind in MANIFEST_FIELDS.items():
+        v = manifest.get(key)
+        if key in OPTIONAL_FIELDS and key not in manifest:
+            continue
+        if not isinstance(v, kind) or isinstance(v, bool):
+            return f"field {key!r} is {str(v)[:40]!r}, not {'a whole number' if kind is int else 'a string'}"
+    if os.path.basename(manifest["file"]) != manifest["file"] or not STEP_RE.match(manifest["file"]):
+        return f"field 'file' is {manifest['file'][:60]!r}, not a checkpoint file name of this folder"
+    for key in ("config", "host"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            return f"field {key!r} is a {type(manifest[key]).__name__}, not an object"
+    return None
 
 
 def newest_valid(directory, warn=print):
@@ -196,8 +222,8 @@ def verify_quick(directory, step):
     """A manifest and a tensor file of the recorded size exist (no checksum: used for pruning order)."""
     man = os.path.join(directory, f"step_{step:08d}.json")
     try:
-        with open(man, encoding="utf-8") as f:
-            m = json.load(f)
-        return os.path.getsize(os.path.join(directory, m["file"])) == m["bytes"]
-    except (OSError, ValueError, KeyError):
+        with open(man, "rb") as f:
+            m = json.loads(f.read().decode("utf-8"))
+        return manifest_problem(m) is None and os.path.getsize(os.path.join(directory, m["file"])) == m["bytes"]
+    except (OSError, ValueError, RecursionError):
         return False

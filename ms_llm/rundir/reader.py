@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import typed
 from ms_llm.rundir.names import run_config_path
 from ms_llm.rundir.walltime import account, duration, shares
 
@@ -192,7 +193,7 @@ def load_run(path, need_metrics=True):
                         f"stopped before that has no metrics yet. Check the path, or look at the run's logs/.")
     run = Run(path=path)
     run.config, run.config_note = read_config(run_config_path(path))
-    run.info = read_json(os.path.join(path, "run_info.json"))
+    run.info = typed(read_json(os.path.join(path, "run_info.json")), INFO_TYPES)
     records, run.bad_lines = read_jsonl(metrics)
     run.bad_lines += add_records(run, records)
     run.stats, bad = read_jsonl(os.path.join(path, "stats.jsonl"))
@@ -222,9 +223,22 @@ def read_json(path):
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return obj if isinstance(obj, dict) else {}
+
+
+NUMBER = (int, float)
+# The types run_info.json's readers take its values in (rundir/writer.py and the trainer's final summary write them
+# so). A value of another type (a hand edit, a damaged copy) is left out, as if the file did not state it: the run
+# still reads, and no rule meets a string where it compares numbers. Keys not listed are kept as they are.
+INFO_TYPES = {
+    "start_time": str, "command": str, "host": str, "platform": str, "git_revision": str, "run_dir": str,
+    "max_steps": int, "versions": {"*": str}, "device": {"target": str, "cpu_count": int, "cann_home": str},
+    "parallel": {"*": int}, "dataset": dict,
+    "final": {"final_val_loss": NUMBER, "steps": int, "skipped_steps": int, "compile_s": NUMBER,
+              "peak_mem_gib": NUMBER, "parameters": int, "param_digest": str, "run_dir": str, "checkpoint": str},
+}
 
 
 def read_jsonl(path):
