@@ -276,12 +276,26 @@ def read_jsonl_from(path, offset, whole_lines=True):
     return records, bad, offset + len(data)
 
 
+# The values the trainer writes as numbers (monitor/metrics.py, the trainer's events): a record holding another type
+# for one of them is counted as a bad line, like a line that is not JSON.
+NUMERIC_KEYS = frozenset((
+    "loss", "lr", "grad_norm", "loss_scale", "skipped_interval", "skipped", "tokens_per_s", "tokens_per_s_per_device",
+    "mfu", "mem_gib", "data_wait_frac", "time", "elapsed_s", "ms_per_step", "eta_s", "val_loss", "val_tokens",
+    "duration_s", "since_step", "to_step", "lr_scale", "until_step", "steps", "signal"))
+
+
+def _number(v):
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
 def add_records(run, records):
     """File metrics.jsonl records into the run's lists, as load_run does; returns the number of bad ones."""
     bad = 0
     for r in records:
         if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool):
             bad += 1  # every trainer record has an integer step
+        elif any(k in NUMERIC_KEYS and not _number(v) for k, v in r.items()):
+            bad += 1  # a damaged or edited line: a rule adding up losses or steps would meet a string or a list
         elif "event" in r:
             run.events.append(r)
         elif "tasks" in r:
