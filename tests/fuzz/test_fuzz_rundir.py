@@ -153,3 +153,17 @@ test_metrics = as_test(PROPERTIES["metrics.jsonl"], examples=12)
 test_measure = as_test(PROPERTIES["measure.json"])
 test_checkpoint_manifest = as_test(PROPERTIES["checkpoint manifest (step_<n>.json)"])
 test_first_step = as_test(PROPERTIES["first_step.json"])
+
+
+def test_a_metrics_line_of_the_wrong_types_is_skipped_and_counted(tmp_path):
+    """Not fatal: the line is left out of the curves, counted in bad_lines, and the rest of the run diagnosed."""
+    from ms_llm.rundir.reader import load_run
+
+    lines = seed("metrics.jsonl").splitlines()
+    lines[3] = json_text(dict(json.loads(lines[3]), skipped_interval=[1, 2]))
+    lines[5] = lines[5][:20]  # a line cut mid-write
+    run = run_with(str(tmp_path), "metrics.jsonl", b"\n".join(lines) + b"\n")
+    loaded = load_run(run)
+    assert loaded.bad_lines == 2
+    assert len(loaded.train) + len(loaded.evals) + len(loaded.events) == len(lines) - 2
+    read_run(run)
