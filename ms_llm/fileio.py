@@ -80,14 +80,23 @@ def read_user_json(path, what, expect=dict, limit=None, fix=DAMAGED):
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise UserError(f"{what} '{path}' cannot be read as JSON ({e.msg} at line {e.lineno}, column {e.colno}). "
+        raise UserError(f"{what} '{path}' cannot be read as JSON ({e.msg}: line {e.lineno}, column {e.colno}). "
                         f"{fix}") from None
     except (ValueError, RecursionError) as e:
         raise UserError(f"{what} '{path}' cannot be read as JSON ({type(e).__name__}: {str(e)[:120]}). {fix}") from None
     if expect is not None and not isinstance(doc, expect):
-        raise UserError(f"{what} '{path}' holds a JSON {type(doc).__name__}, not a JSON "
+        raise UserError(f"{what} '{path}' holds a JSON {json_kind(doc)}, not a JSON "
                         f"{'object' if expect is dict else expect.__name__}: it is damaged or not a {what}. {fix}")
     return doc
+
+
+def json_kind(value):
+    """What JSON calls the type of `value` (null, object, array, string, number, boolean)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    return {dict: "object", list: "array", str: "string"}.get(type(value), "number")
 
 
 @contextlib.contextmanager

@@ -38,7 +38,7 @@ def test_a_terabyte_shape_over_64_bytes_is_refused_with_both_sizes(tmp_path):
     ({"dtype": "F32", "shape": "2", "data_offsets": [0, 8]}, "shape 2"),
     ({"dtype": "F32", "shape": [2], "data_offsets": [8, 0]}, "data_offsets [8, 0]"),
     ({"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}, "ends at byte 16 of the tensor data, the file holds 8"),
-    ("F32", "described by a str"),
+    ("F32", "described by a JSON string"),
 ])
 def test_each_lie_in_a_tensor_entry_names_the_tensor_and_the_lie(tmp_path, entry, says):
     msg = refusal(write_raw(tmp_path / "m.safetensors", {"w": entry}, bytes(8)))

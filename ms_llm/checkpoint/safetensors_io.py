@@ -12,6 +12,8 @@ import struct
 
 import numpy as np
 
+from ms_llm.fileio import json_kind
+
 DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64, "I32": np.int32,
           "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
 NAMES = {np.dtype(v): k for k, v in DTYPES.items()}
@@ -54,17 +56,17 @@ def read_header(path):
     except (UnicodeDecodeError, ValueError, RecursionError) as e:
         _refuse(path, f"its {n:,}-byte JSON header does not parse ({type(e).__name__}: {str(e)[:120]})")
     if not isinstance(header, dict):
-        _refuse(path, f"its JSON header is a {type(header).__name__}, not an object of tensor names")
+        _refuse(path, f"its JSON header is a JSON {json_kind(header)}, not an object of tensor names")
     data_len = size - 8 - n
     meta = header.get("__metadata__")
     if meta is not None and not isinstance(meta, dict):
-        _refuse(path, f"its \"__metadata__\" is a {type(meta).__name__}, not an object of strings")
+        _refuse(path, f"its \"__metadata__\" is a JSON {json_kind(meta)}, not an object of strings")
     spans = []
     for name, info in header.items():
         if name == "__metadata__":
             continue
         if not isinstance(info, dict):
-            _refuse(path, f"tensor '{name}' is described by a {type(info).__name__}, not an object with dtype, "
+            _refuse(path, f"tensor '{name}' is described by a JSON {json_kind(info)}, not an object with dtype, "
                           f"shape and data_offsets")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if not isinstance(dtype, str) or dtype not in ITEMSIZE:

@@ -13,7 +13,7 @@ import os
 from ms_llm.data.blend import check_blend, combine
 from ms_llm.data.split_index import split_shards
 from ms_llm.errors import UserError
-from ms_llm.fileio import atomic_write_bytes, read_user_json
+from ms_llm.fileio import atomic_write_bytes, json_kind, read_user_json
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 2
@@ -71,7 +71,8 @@ def check_shape(path, manifest):
     """The fields every reader of a dataset uses have the types preprocessing writes: a manifest edited by hand or
     damaged is one paragraph naming the field, not a TypeError in the loader."""
     def bad(field, value, want):
-        raise UserError(f"'{path}': {field} is {str(value)[:60]!r} ({type(value).__name__}), not {want}. The manifest "
+        raise UserError(f"'{path}': {field} is {json.dumps(value, default=str)[:60]} (a JSON {json_kind(value)}), not "
+                        f"{want}. The manifest "
                         f"was edited or damaged: restore it, or re-run preprocessing.")
 
     for key in ("seq_length", "vocab_size"):
