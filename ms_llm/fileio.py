@@ -100,16 +100,16 @@ def json_kind(value):
 
 
 @contextlib.contextmanager
-def interpreting(path, what, fix=""):
+def interpreting(path, what, fix="", name_refusals=True):
     """Around code that interprets the values of a user's file: a key it lacks or a value of the wrong type, met
-    deep inside as a KeyError, TypeError, ValueError, ..., becomes one paragraph naming the file; so does a
-    UserError raised there that names a key but not the file."""
+    deep inside as a KeyError, TypeError, ValueError, ..., becomes one paragraph naming the file; so does (with
+    `name_refusals`) a UserError raised there that names a key but not the file."""
     from ms_llm.errors import UserError
 
     try:
         yield
     except UserError as e:
-        if path in str(e):
+        if not name_refusals or path in str(e):
             raise
         raise UserError(f"{what} '{path}': {e}") from None
     except KeyError as e:

@@ -59,7 +59,14 @@ def read_tensors(path):
         from ms_llm.checkpoint import safetensors_io
 
         return safetensors_io.load(path)[0]  # its header checked against the file first (bfloat16 as float32)
-    return {k: v.asnumpy() for k, v in load_mindspore_checkpoint(path).items()}
+    params = load_mindspore_checkpoint(path)
+    odd = [k for k, v in params.items() if not hasattr(v, "asnumpy")]  # a map tensor or a string: not a weight
+    if odd:
+        from ms_llm.errors import UserError
+
+        raise UserError(f"checkpoint '{path}' holds {len(odd)} value(s) that are not tensors ({', '.join(odd[:3])}): "
+                        f"not a checkpoint of model weights, or a damaged one. Copy it again, or give another.")
+    return {k: v.asnumpy() for k, v in params.items()}
 
 
 def load_mindspore_checkpoint(path):
@@ -72,6 +79,13 @@ def load_mindspore_checkpoint(path):
     if not os.path.isfile(path):
         raise UserError(f"checkpoint '{path}' does not exist{' (it is a folder)' if os.path.isdir(path) else ''}. "
                         f"Give the path of a .ckpt or .safetensors file.")
+    from ms_llm.checkpoint import ckpt_check
+
+    problem = ckpt_check.check(path)  # before MindSpore: it trusts a tensor's dims, and a lie corrupts its heap
+    if problem:
+        raise UserError(f"checkpoint '{path}' ({os.path.getsize(path):,} bytes) is not a readable MindSpore "
+                        f"checkpoint: {problem}. The file is truncated or corrupt: copy it again, or give an earlier "
+                        f"checkpoint.")
     try:
         return ms.load_checkpoint(path)
     except (ValueError, RuntimeError, OSError, TypeError) as e:

@@ -83,3 +83,16 @@ PROPERTIES = {
 test_safetensors_reader = as_test(PROPERTIES["safetensors (ms_llm reader)"])
 test_safetensors_checkpoint = as_test(PROPERTIES["safetensors (checkpoint store)"])
 test_ckpt = as_test(PROPERTIES["ckpt (MindSpore load_checkpoint)"])
+
+
+def test_a_ckpt_whose_dims_lie_is_refused_before_mindspore_reads_it(tmp_path):
+    """MindSpore copies a tensor's bytes into a buffer its dims size: dims of 2x2 over the 2x3 int64 'pos' overrun
+    the buffer (a corrupted heap, the process aborting later). The check reads the dims first."""
+    from ms_llm.errors import UserError
+
+    lie = CKPT.replace(b"\x08\x02\x08\x03\x12\x05Int64", b"\x08\x02\x08\x02\x12\x05Int64")
+    assert lie != CKPT
+    path = write(str(tmp_path), "model.ckpt", lie)
+    with pytest.raises(UserError, match=r"tensor 'pos' is Int64 \[2, 2\] = 32 bytes, but the file holds 48"):
+        store.read_tensors(path)
+    assert set(store.read_tensors(write(str(tmp_path), "good.ckpt", CKPT))) == set(ARRAYS)

@@ -201,12 +201,15 @@ def to_hf(checkpoint, config_path, out_dir, log=print):
     origin_path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "hf_origin.json")
     origin = {}
     if os.path.isfile(origin_path):
-        with open(origin_path, encoding="utf-8") as f:
-            origin = json.load(f)
-    config_json = origin.get("hf_config") or hf_config(cfg.model)  # refuses a model no HF family computes
-    hf = ours_to_hf(arrays, cfg.model, origin)
+        origin = read_user_json(origin_path, "conversion record", fix="Convert the Hugging Face folder again "
+                                "(ms-llm convert --from-hf), or remove the file to convert without it.")
+    # a value of the wrong type in the record is one paragraph naming it; the converter's own refusals stay as they are
+    with interpreting(origin_path, "conversion record", "Convert the Hugging Face folder again, or remove the file.",
+                      name_refusals=False):
+        config_json = origin.get("hf_config") or hf_config(cfg.model)  # refuses a model no HF family computes
+        hf = ours_to_hf(arrays, cfg.model, origin)
+        dtypes = {k: origin.get("dtypes", {}).get(k, "F32") for k in hf}
     os.makedirs(out_dir, exist_ok=True)
-    dtypes = {k: origin.get("dtypes", {}).get(k, "F32") for k in hf}
     safetensors_io.save(os.path.join(out_dir, "model.safetensors"), hf, dtypes, {"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config_json, f, indent=1)

@@ -17,6 +17,7 @@ import tempfile
 import numpy as np
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import read_user_json
 from ms_llm.interop.mindformers import names
 from ms_llm.config.validate import head_dim
 
@@ -221,8 +222,8 @@ def find_origin(here, load_weights):
     for folder in (here, os.path.dirname(os.path.abspath(load_weights)) if load_weights else None):
         if folder and os.path.isfile(os.path.join(folder, ORIGIN)):
             path = os.path.join(folder, ORIGIN)
-            with open(path, encoding="utf-8") as f:
-                return json.load(f), path
+            return read_user_json(path, "conversion record", fix="Convert the MindFormers checkpoint again, or "
+                                  "remove the file to convert without it."), path
     return {}, None
 
 
