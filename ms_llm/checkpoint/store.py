@@ -54,14 +54,45 @@ def write_tensors(path, arrays, fmt):
 
 
 def read_tensors(path):
-    """{name: numpy array} from a .ckpt or .safetensors file."""
+    """{name: numpy array} from a .ckpt or .safetensors file; a damaged one is a UserError naming it."""
     if path.endswith(".safetensors"):
-        from safetensors.numpy import load_file
+        from ms_llm.checkpoint import safetensors_io
 
-        return load_file(path)
+        return safetensors_io.load(path)[0]  # its header checked against the file first (bfloat16 as float32)
+    params = load_mindspore_checkpoint(path)
+    odd = [k for k, v in params.items() if not hasattr(v, "asnumpy")]  # a map tensor or a string: not a weight
+    if odd:
+        from ms_llm.errors import UserError
+
+        raise UserError(f"checkpoint '{path}' holds {len(odd)} value(s) that are not tensors ({', '.join(odd[:3])}): "
+                        f"not a checkpoint of model weights, or a damaged one. Copy it again, or give another.")
+    return {k: v.asnumpy() for k, v in params.items()}
+
+
+def load_mindspore_checkpoint(path):
+    """{name: Parameter} of a MindSpore .ckpt. MindSpore reports a cut or corrupt file as a ValueError (and logs
+    it); here it is one paragraph naming the file."""
     import mindspore as ms
 
-    return {k: v.asnumpy() for k, v in ms.load_checkpoint(path).items()}
+    from ms_llm.errors import UserError
+
+    if not os.path.isfile(path):
+        raise UserError(f"checkpoint '{path}' does not exist{' (it is a folder)' if os.path.isdir(path) else ''}. "
+                        f"Give the path of a .ckpt or .safetensors file.")
+    from ms_llm.checkpoint import ckpt_check
+
+    problem = ckpt_check.check(path)  # before MindSpore: it trusts a tensor's dims, and a lie corrupts its heap
+    if problem:
+        raise UserError(f"checkpoint '{path}' ({os.path.getsize(path):,} bytes) is not a readable MindSpore "
+                        f"checkpoint: {problem}. The file is truncated or corrupt: copy it again, or give an earlier "
+                        f"checkpoint.")
+    try:
+        return ms.load_checkpoint(path)
+    except (ValueError, RuntimeError, OSError, TypeError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise UserError(f"checkpoint '{path}' ({os.path.getsize(path):,} bytes) cannot be read as a MindSpore "
+                        f"checkpoint ({first}). The file is truncated or corrupt: copy it again, or give an "
+                        f"earlier checkpoint.") from None
 
 
 def save(directory, step, arrays, meta, fmt="ckpt", keep_last=None):
@@ -131,11 +162,14 @@ def verify(directory, step):
     if not os.path.isfile(man):
         return None, "no manifest (the save did not finish)"
     try:
-        with open(man, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        return None, f"unreadable manifest ({e})"
-    path = os.path.join(directory, manifest.get("file", ""))
+        with open(man, "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: not JSON, or not UTF-8
+        return None, f"unreadable manifest ({type(e).__name__}: {str(e)[:120]})"
+    wrong = manifest_problem(manifest)
+    if wrong:
+        return None, f"manifest {wrong}"
+    path = os.path.join(directory, manifest["file"])
     if not os.path.isfile(path):
         return None, "tensor file missing"
     size = os.path.getsize(path)
@@ -144,6 +178,29 @@ def verify(directory, step):
     if sha256_file(path) != manifest.get("sha256"):
         return None, "SHA-256 mismatch (corrupted)"
     return manifest, None
+
+
+# What resume reads of a checkpoint's manifest, by type (save() writes them so).
+MANIFEST_FIELDS = {"file": str, "bytes": int, "sha256": str, "step": int, "consumed_samples": int, "epoch": int}
+OPTIONAL_FIELDS = ("consumed_samples", "epoch")  # a training checkpoint has them; a converted or LoRA one may not
+
+
+def manifest_problem(manifest):
+    """None when a checkpoint manifest has the fields resume reads, of their types; else what is wrong."""
+    if not isinstance(manifest, dict):
+        return f"is a JSON {type(manifest).__name__}, not an object"
+    for key, kind in MANIFEST_FIELDS.items():
+        v = manifest.get(key)
+        if key in OPTIONAL_FIELDS and key not in manifest:
+            continue
+        if not isinstance(v, kind) or isinstance(v, bool):
+            return f"field {key!r} is {str(v)[:40]!r}, not {'a whole number' if kind is int else 'a string'}"
+    if os.path.basename(manifest["file"]) != manifest["file"] or not STEP_RE.match(manifest["file"]):
+        return f"field 'file' is {manifest['file'][:60]!r}, not a checkpoint file name of this folder"
+    for key in ("config", "host"):
+        if manifest.get(key) is not None and not isinstance(manifest[key], dict):
+            return f"field {key!r} is a {type(manifest[key]).__name__}, not an object"
+    return None
 
 
 def newest_valid(directory, warn=print):
@@ -179,8 +236,8 @@ def verify_quick(directory, step):
     """A manifest and a tensor file of the recorded size exist (no checksum: used for pruning order)."""
     man = os.path.join(directory, f"step_{step:08d}.json")
     try:
-        with open(man, encoding="utf-8") as f:
-            m = json.load(f)
-        return os.path.getsize(os.path.join(directory, m["file"])) == m["bytes"]
-    except (OSError, ValueError, KeyError):
+        with open(man, "rb") as f:
+            m = json.loads(f.read().decode("utf-8"))
+        return manifest_problem(m) is None and os.path.getsize(os.path.join(directory, m["file"])) == m["bytes"]
+    except (OSError, ValueError, RecursionError):
         return False

@@ -14,6 +14,7 @@ import yaml
 from ms_llm.config.foreign import looks_like_mindformers
 from ms_llm.config.schema import Config
 from ms_llm.errors import UserError, closest
+from ms_llm.fileio import interpreting
 
 SECTIONS = {f.name: f.type for f in dataclasses.fields(Config)}
 # Keys that existed and were removed because nothing honoured them: refused with the reason, not "unknown".
@@ -26,8 +27,11 @@ RETIRED = {
 
 def load_config(path=None, overrides=(), validate=True):
     """Read `path` (YAML), apply `overrides` (["section.key=value", ...]) and return a `Config`."""
-    raw = read_yaml(path) if path else {}
-    return config_from_dict(raw, overrides) if validate else from_dict(apply_overrides(raw, overrides))
+    if not path:
+        return config_from_dict({}, overrides) if validate else from_dict(apply_overrides({}, overrides))
+    raw = read_yaml(path)
+    with interpreting(path, "config file"):  # a value's refusal names the file it came from
+        return config_from_dict(raw, overrides) if validate else from_dict(apply_overrides(raw, overrides))
 
 
 def config_from_dict(raw, overrides=()):
@@ -145,8 +149,9 @@ def read_yaml(path):
                         f"{MAX_CONFIG_BYTES:,} bytes. Pass the YAML config itself (model:, data:, train:, ...), not a "
                         f"data or checkpoint file.")
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = yaml.load(f, Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader that refuses repeated keys)
+        with open(path, "rb") as f:
+            data = f.read()
+        raw = yaml.load(data.decode("utf-8"), Loader=UniqueKeyLoader)  # noqa: S506 (a SafeLoader refusing repeats)
     except OversizedDocument as e:
         raise UserError(f"config file '{path}' is refused: {e.reason}. Write the values out, or use a few "
                         f"anchors for repeated sections.") from None
@@ -155,6 +160,11 @@ def read_yaml(path):
                         f"silently keep the second. Keep one of them.") from None
     except OSError as e:
         raise UserError(f"config file '{path}' cannot be read ({e.strerror}). Check its permissions.") from None
+    except UnicodeDecodeError as e:
+        line = e.object.count(b"\n", 0, e.start) + 1
+        raise UserError(f"config file '{path}' is not UTF-8 text (byte {e.start:,}, line {line}, is "
+                        f"{e.object[e.start:e.start + 1]!r}). Save it as UTF-8, or copy it again if it is "
+                        f"damaged.") from None
     except yaml.YAMLError as e:
         where = getattr(e, "problem_mark", None)
         loc = f" at line {where.line + 1}, column {where.column + 1}" if where else ""

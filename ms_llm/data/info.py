@@ -12,6 +12,7 @@ import os
 
 from ms_llm.data.manifest import MANIFEST, load_manifest
 from ms_llm.data.split_index import split_shards
+from ms_llm.fileio import interpreting
 
 REPEAT_WARN = 4.0
 
@@ -24,8 +25,14 @@ def histogram_lines(hist, width=40):
 
 
 def info(dataset_dir, cfg=None):
-    """The report as a list of lines."""
+    """The report as a list of lines; a statistic of the wrong type in a hand-edited manifest is one paragraph."""
     m = load_manifest(dataset_dir, verify=False)
+    with interpreting(os.path.join(dataset_dir, MANIFEST), "dataset manifest",
+                      "Restore manifest.json, or re-run preprocessing."):
+        return report_lines(dataset_dir, m, cfg)
+
+
+def report_lines(dataset_dir, m, cfg):
     tk = m["tokenizer"]
     lines = [f"dataset '{dataset_dir}': tokenizer {tk['kind']}" + (f" ({tk['path']})" if tk.get("path") else "")
              + f", vocab {m['vocab_size']:,}, samples of {m['seq_length'] + 1} tokens"

@@ -13,14 +13,18 @@ import os
 from ms_llm.data.blend import check_blend, combine
 from ms_llm.data.split_index import split_shards
 from ms_llm.errors import UserError
-from ms_llm.fileio import atomic_write_bytes
+from ms_llm.fileio import atomic_write_bytes, json_kind, read_user_json
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 2
 READABLE_SCHEMAS = (1, 2)
+TOKENIZER_CARRIES = {"char": "vocab", "hf": "json", "sentencepiece": "model"}
 REQUIRED = ("schema_version", "seq_length", "tokenizer", "vocab_size", "splits")
 VERIFIED = ".verified.json"
 HASH_BLOCK = 1 << 22
+# A manifest is a few KiB (about 250 bytes a shard): a file over this is not a manifest, and is refused with its
+# size before it is parsed.
+MAX_MANIFEST_BYTES = 16 * 1024 * 1024
 
 
 def has_manifest(dataset_dir):
@@ -46,19 +50,68 @@ def read_manifest(dataset_dir):
     if not os.path.isfile(path):
         raise UserError(f"no dataset in '{dataset_dir}' (manifest.json missing). Run `ms-llm preprocess --input "
                         f"<corpus> --output-dir {dataset_dir}`, or set data.source so training preprocesses it.")
-    try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"'{path}' cannot be read as JSON ({e}). Re-run preprocessing into a new folder.") from None
-    if not isinstance(manifest, dict) or any(k not in manifest for k in REQUIRED):
-        missing = [k for k in REQUIRED if not isinstance(manifest, dict) or k not in manifest]
+    manifest = read_user_json(path, "dataset manifest", limit=MAX_MANIFEST_BYTES,
+                              fix="Re-run preprocessing into a new folder.")
+    missing = [k for k in REQUIRED if k not in manifest]
+    if missing:
         raise UserError(f"'{path}' lacks {', '.join(missing)}: it was not written by `ms-llm preprocess`. "
                         f"Re-run preprocessing.")
     if manifest["schema_version"] not in READABLE_SCHEMAS:
-        raise UserError(f"'{path}' has schema_version {manifest['schema_version']}, this ms_llm reads "
+        raise UserError(f"'{path}' has schema_version {str(manifest['schema_version'])[:40]}, this ms_llm reads "
                         f"{', '.join(map(str, READABLE_SCHEMAS))}. Re-run preprocessing with this version.")
+    check_shape(path, manifest)
     return manifest
+
+
+def _count(v, least=0):
+    return isinstance(v, int) and not isinstance(v, bool) and v >= least
+
+
+def check_shape(path, manifest):
+    """The fields every reader of a dataset uses have the types preprocessing writes: a manifest edited by hand or
+    damaged is one paragraph naming the field, not a TypeError in the loader."""
+    def bad(field, value, want):
+        raise UserError(f"'{path}': {field} is {json.dumps(value, default=str)[:60]} (a JSON {json_kind(value)}), not "
+                        f"{want}. The manifest "
+                        f"was edited or damaged: restore it, or re-run preprocessing.")
+
+    for key in ("seq_length", "vocab_size"):
+        if not _count(manifest[key], 1):
+            bad(key, manifest[key], "a positive whole number")
+    for key in ("eod_id", "max_token_id", "sample_length"):
+        if key in manifest and manifest[key] is not None and not _count(manifest[key]):
+            bad(key, manifest[key], "a non-negative whole number")
+    tokenizer = manifest["tokenizer"]
+    if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("kind"), str):
+        bad("tokenizer", tokenizer, "an object with a \"kind\"")
+    carried = TOKENIZER_CARRIES.get(tokenizer["kind"])  # what from_spec rebuilds the tokenizer from
+    if carried and not isinstance(tokenizer.get(carried), str):
+        bad(f"tokenizer.{carried}", tokenizer.get(carried), f"the {tokenizer['kind']} tokenizer's text")
+    if not isinstance(manifest["splits"], dict) or not manifest["splits"]:
+        bad("splits", manifest["splits"], "an object of splits (train, val)")
+    for name, split in manifest["splits"].items():
+        if not isinstance(split, dict) or not _count(split.get("samples")):
+            bad(f"splits.{name}", split, "an object with a whole number of samples")
+        shards = split.get("shards")
+        if "shards" not in split:  # schema 1: one file per split
+            if not isinstance(split.get("file"), str):
+                bad(f"splits.{name}.file", split.get("file"), "a file name")
+            continue
+        if not isinstance(shards, list):
+            bad(f"splits.{name}.shards", shards, "a list of shards")
+        for i, shard in enumerate(shards):
+            where = f"splits.{name}.shards[{i}]"
+            if not isinstance(shard, dict) or not isinstance(shard.get("file"), str) or not shard["file"]:
+                bad(where, shard, "an object with a file name")
+            for key in ("samples", "bytes", "db_bytes", "start", "file_samples"):
+                if (key == "samples" or shard.get(key) is not None) and not _count(shard.get(key)):
+                    bad(f"{where}.{key}", shard.get(key), "a non-negative whole number")
+            for key in ("sha256", "db_sha256"):
+                if shard.get(key) is not None and not isinstance(shard[key], str):
+                    bad(f"{where}.{key}", shard[key], "a hex digest")
+    for key in ("columns",):
+        if key in manifest and manifest[key] is not None and not isinstance(manifest[key], list):
+            bad(key, manifest[key], "a list of column names")
 
 
 def dataset_files(manifest):

@@ -31,6 +31,10 @@ import re
 from contextlib import contextmanager
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import read_user_json, read_user_text
+
+MAX_TEMPLATE_BYTES = 4 * 1024 * 1024  # a chat template is a few KiB
+MAX_TOKENIZER_CONFIG_BYTES = 64 * 1024 * 1024  # tokenizer_config.json: special tokens, at most a few MiB of them
 
 JINJA_HINT = "pip install jinja2   (or: pip install -e \".[chat]\")"
 SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -45,11 +49,10 @@ def _token_text(value):
 
 
 def _read_json(path):
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
+    """tokenizer_config.json, or None where there is none; a damaged one is a UserError naming it."""
+    if not os.path.isfile(path):
         return None
+    return read_user_json(path, "tokenizer config", limit=MAX_TOKENIZER_CONFIG_BYTES)
 
 
 def find_template(tokenizer_path, override=None):
@@ -63,15 +66,15 @@ def find_template(tokenizer_path, override=None):
         if not os.path.isfile(override):
             raise UserError(f"--chat-template '{override}' does not exist. Give a Jinja chat template file (for "
                             f"example the chat_template.jinja a model ships).")
-        with open(override, encoding="utf-8") as f:
-            return {"text": f.read(), "source": os.path.abspath(override), "special_tokens": special}
+        return {"text": read_user_text(override, "chat template", limit=MAX_TEMPLATE_BYTES),
+                "source": os.path.abspath(override), "special_tokens": special}
     looked = []
     if folder:
         jinja_file = os.path.join(folder, "chat_template.jinja")
         looked.append(jinja_file)
         if os.path.isfile(jinja_file):
-            with open(jinja_file, encoding="utf-8") as f:
-                return {"text": f.read(), "source": jinja_file, "special_tokens": special}
+            return {"text": read_user_text(jinja_file, "chat template", limit=MAX_TEMPLATE_BYTES), "source": jinja_file,
+                    "special_tokens": special}
         looked.append(os.path.join(folder, "tokenizer_config.json") + " (key chat_template)")
         text = config.get("chat_template")
         if isinstance(text, list):  # several named templates: transformers takes "default"

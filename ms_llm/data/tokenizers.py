@@ -13,6 +13,11 @@ import os
 import numpy as np
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import read_user_text, refuse_if_larger
+
+# The largest tokenizers models ship are tens of MiB (a 256k vocabulary with its merges); a file larger than this
+# is not a tokenizer, and parsing it would cost memory in proportion.
+MAX_TOKENIZER_BYTES = 256 * 1024 * 1024
 
 HF_HINT = "pip install tokenizers   (or: pip install -e \".[hf]\")"
 SP_HINT = "pip install sentencepiece   (or: pip install -e \".[sentencepiece]\")"
@@ -109,8 +114,7 @@ class HFTokenizer:
             if not os.path.isfile(path):
                 raise UserError(f"data.tokenizer = '{path}': no such tokenizer.json file. Use char, byte, the path "
                                 f"of a Hugging Face tokenizer.json, or of a SentencePiece tokenizer.model.")
-            with open(path, encoding="utf-8") as f:
-                json_text = f.read()
+            json_text = read_user_text(path, "tokenizer", limit=MAX_TOKENIZER_BYTES)
             eod_token = eod_token or eos_from_config(os.path.join(os.path.dirname(path), "tokenizer_config.json"))
         try:
             self.tok = Tokenizer.from_str(json_text)
@@ -195,6 +199,7 @@ class SentencePieceTokenizer:
         if model_bytes is None:
             if not os.path.isfile(path):
                 raise UserError(f"data.tokenizer = '{path}': no such SentencePiece model file.")
+            refuse_if_larger(path, MAX_TOKENIZER_BYTES, "tokenizer")
             with open(path, "rb") as f:
                 model_bytes = f.read()
         self.sp = spm.SentencePieceProcessor()

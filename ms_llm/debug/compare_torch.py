@@ -69,7 +69,7 @@ def read_checkpoint(hf_dir):
                         f"convert, reads). Compare another architecture by dumping it with "
                         f"ms_llm.interop.torch_dump.dump_module and a name map onto an ms_llm model of the same "
                         f"computation.")
-    section = hf.model_section(hf_cfg)
+    _, section = hf.hf_model_section(hf_dir)
     tensors, _ = hf.read_hf_tensors(hf_dir)
     return hf_cfg, section, tensors
 

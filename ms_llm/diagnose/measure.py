@@ -289,11 +289,37 @@ def together(rows):
     return list(best.values())
 
 
-def load_measure(run):
-    """RUN/measure.json's content, or None."""
-    from ms_llm.fileio import read_versioned_json
+NUMBER = (int, float)
+# What the rules read of measure.json, by type (measure() writes them so); a result row of another shape is left out.
+DOC_TYPES = {"steps": int, "warmup": int, "rounds": int, "duration_s": NUMBER, "cpu_count": int, "time": NUMBER,
+             "config": str}
+ROW_TYPES = {"name": str, "what": str, "round": int, "tokens_per_s": NUMBER, "tokens_per_s_median": NUMBER,
+             "ms_per_step": NUMBER, "ms_per_step_median": NUMBER, "other_cores": NUMBER, "peak_mem_gib": NUMBER,
+             "compile_s": NUMBER, "error": str}
 
-    return read_versioned_json(os.path.join(run.path, MEASURE_FILE), FORMAT)
+
+def load_measure(run):
+    """RUN/measure.json's content, or None; rows that are not what measure() writes (a damaged or edited file) are
+    left out, so that the rule reads what is sound in it."""
+    from ms_llm.fileio import LEFT_OUT, read_versioned_json, typed
+
+    doc = read_versioned_json(os.path.join(run.path, MEASURE_FILE), FORMAT)
+    if doc is None:
+        return None
+    rows = doc.get("results") if isinstance(doc.get("results"), list) else []
+    kept = []
+    for row in rows:
+        clean = typed(row, ROW_TYPES)
+        if clean is LEFT_OUT or not all(isinstance(clean.get(k), str) for k in ("name", "what")) \
+                or not isinstance(clean.get("sets"), list) or not all(isinstance(x, str) for x in clean["sets"]):
+            continue
+        if clean.get("round") is None:
+            clean.pop("round", None)  # one round, as by_setting reads a row without one
+        for key in ("tokens_per_s", "tokens_per_s_median"):
+            if key in clean and not (clean[key] is None or 0 < clean[key] < float("inf")):
+                clean.pop(key)  # a speed is positive and finite: the rule divides by it and takes its log
+        kept.append(clean)
+    return dict(typed(doc, DOC_TYPES), results=kept)
 
 
 def fmt_s(s):

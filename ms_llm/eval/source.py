@@ -156,8 +156,7 @@ def from_hf_folder(folder, tokenizer, max_length, log):
     if not os.path.isdir(folder):
         raise UserError(f"--hf '{folder}' is not a folder. Give a Hugging Face model folder (config.json, "
                         f"*.safetensors, tokenizer.json).")
-    hf_cfg = hf.read_hf_config(folder)
-    section = hf.model_section(hf_cfg)
+    hf_cfg, section = hf.hf_model_section(folder)
     positions = hf_cfg.get("max_position_embeddings") or hf_cfg.get("n_positions")
     if max_length is None and positions and positions > section["seq_length"]:
         log(f"note: evaluating at a context of {section['seq_length']:,} tokens; config.json allows {positions:,} "

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import yaml
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import typed
 from ms_llm.rundir.names import run_config_path
 from ms_llm.rundir.walltime import account, duration, shares
 
@@ -192,7 +193,7 @@ def load_run(path, need_metrics=True):
                         f"stopped before that has no metrics yet. Check the path, or look at the run's logs/.")
     run = Run(path=path)
     run.config, run.config_note = read_config(run_config_path(path))
-    run.info = read_json(os.path.join(path, "run_info.json"))
+    run.info = typed(read_json(os.path.join(path, "run_info.json")), INFO_TYPES)
     records, run.bad_lines = read_jsonl(metrics)
     run.bad_lines += add_records(run, records)
     run.stats, bad = read_jsonl(os.path.join(path, "stats.jsonl"))
@@ -222,9 +223,22 @@ def read_json(path):
     try:
         with open(path, encoding="utf-8") as f:
             obj = json.load(f)
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}
     return obj if isinstance(obj, dict) else {}
+
+
+NUMBER = (int, float)
+# The types run_info.json's readers take its values in (rundir/writer.py and the trainer's final summary write them
+# so). A value of another type (a hand edit, a damaged copy) is left out, as if the file did not state it: the run
+# still reads, and no rule meets a string where it compares numbers. Keys not listed are kept as they are.
+INFO_TYPES = {
+    "start_time": str, "command": str, "host": str, "platform": str, "git_revision": str, "run_dir": str,
+    "max_steps": int, "versions": {"*": str}, "device": {"target": str, "cpu_count": int, "cann_home": str},
+    "parallel": {"*": int}, "dataset": dict,
+    "final": {"final_val_loss": NUMBER, "steps": int, "skipped_steps": int, "compile_s": NUMBER,
+              "peak_mem_gib": NUMBER, "parameters": int, "param_digest": str, "run_dir": str, "checkpoint": str},
+}
 
 
 def read_jsonl(path):
@@ -262,12 +276,26 @@ def read_jsonl_from(path, offset, whole_lines=True):
     return records, bad, offset + len(data)
 
 
+# The values the trainer writes as numbers (monitor/metrics.py, the trainer's events): a record holding another type
+# for one of them is counted as a bad line, like a line that is not JSON.
+NUMERIC_KEYS = frozenset((
+    "loss", "lr", "grad_norm", "loss_scale", "skipped_interval", "skipped", "tokens_per_s", "tokens_per_s_per_device",
+    "mfu", "mem_gib", "data_wait_frac", "time", "elapsed_s", "ms_per_step", "eta_s", "val_loss", "val_tokens",
+    "duration_s", "since_step", "to_step", "lr_scale", "until_step", "steps", "signal"))
+
+
+def _number(v):
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
 def add_records(run, records):
     """File metrics.jsonl records into the run's lists, as load_run does; returns the number of bad ones."""
     bad = 0
     for r in records:
         if not isinstance(r.get("step"), int) or isinstance(r.get("step"), bool):
             bad += 1  # every trainer record has an integer step
+        elif any(k in NUMERIC_KEYS and not _number(v) for k, v in r.items()):
+            bad += 1  # a damaged or edited line: a rule adding up losses or steps would meet a string or a list
         elif "event" in r:
             run.events.append(r)
         elif "tasks" in r:

@@ -18,8 +18,10 @@ import numpy as np
 
 from ms_llm.checkpoint import safetensors_io
 from ms_llm.errors import UserError
+from ms_llm.fileio import interpreting, read_user_json
 from ms_llm.interop.huggingface import gpt2, llama, moe
 
+MAX_HF_CONFIG_BYTES = 16 * 1024 * 1024  # a config.json is a few KiB
 FAMILIES = {kind: module for module in (gpt2, llama, moe) for kind in module.MODEL_TYPES}
 
 
@@ -30,11 +32,16 @@ def read_hf_config(path):
     if not os.path.isfile(cfg_path):
         raise UserError(f"'{path}' has no config.json: give a Hugging Face model folder (config.json + "
                         f"*.safetensors).")
-    try:
-        with open(cfg_path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, json.JSONDecodeError) as e:
-        raise UserError(f"'{cfg_path}' cannot be read as JSON ({e}).") from None
+    return read_user_json(cfg_path, "Hugging Face config", limit=MAX_HF_CONFIG_BYTES)
+
+
+def hf_model_section(path):
+    """(config.json as read, our `model:` section): a key config.json lacks or a value of the wrong type is one
+    paragraph naming the file."""
+    hf_cfg = read_hf_config(path)
+    with interpreting(os.path.join(path, "config.json"), "Hugging Face config",
+                      "Download config.json again, or fix that value."):
+        return hf_cfg, model_section(hf_cfg)
 
 
 def read_hf_tensors(path):
@@ -66,7 +73,7 @@ def read_hf_tensors(path):
 
 
 def family(kind):
-    if kind not in FAMILIES:
+    if not isinstance(kind, str) or kind not in FAMILIES:
         raise UserError(f"config.json has model_type {kind!r}: the Hugging Face families ms_llm converts are "
                         f"{', '.join(repr(k) for k in FAMILIES)} (docs/models.md).")
     return FAMILIES[kind]
@@ -138,8 +145,7 @@ def from_hf(hf_dir, out_dir, fmt="ckpt", log=print):
     from ms_llm.checkpoint import store
     from ms_llm.config import config_from_dict, save_config
 
-    hf_cfg = read_hf_config(hf_dir)
-    section = model_section(hf_cfg)  # refuses unsupported models before reading gigabytes of weights
+    hf_cfg, section = hf_model_section(hf_dir)  # refuses unsupported models before reading gigabytes of weights
     tensors, dtypes = read_hf_tensors(hf_dir)
     cfg = config_from_dict({"model": section, "train": {"seed": 0}})
     prefix = detect_prefix(tensors, cfg.model.arch)
@@ -195,12 +201,15 @@ def to_hf(checkpoint, config_path, out_dir, log=print):
     origin_path = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), "hf_origin.json")
     origin = {}
     if os.path.isfile(origin_path):
-        with open(origin_path, encoding="utf-8") as f:
-            origin = json.load(f)
-    config_json = origin.get("hf_config") or hf_config(cfg.model)  # refuses a model no HF family computes
-    hf = ours_to_hf(arrays, cfg.model, origin)
+        origin = read_user_json(origin_path, "conversion record", fix="Convert the Hugging Face folder again "
+                                "(ms-llm convert --from-hf), or remove the file to convert without it.")
+    # a value of the wrong type in the record is one paragraph naming it; the converter's own refusals stay as they are
+    with interpreting(origin_path, "conversion record", "Convert the Hugging Face folder again, or remove the file.",
+                      name_refusals=False):
+        config_json = origin.get("hf_config") or hf_config(cfg.model)  # refuses a model no HF family computes
+        hf = ours_to_hf(arrays, cfg.model, origin)
+        dtypes = {k: origin.get("dtypes", {}).get(k, "F32") for k in hf}
     os.makedirs(out_dir, exist_ok=True)
-    dtypes = {k: origin.get("dtypes", {}).get(k, "F32") for k in hf}
     safetensors_io.save(os.path.join(out_dir, "model.safetensors"), hf, dtypes, {"format": "pt"})
     with open(os.path.join(out_dir, "config.json"), "w", encoding="utf-8") as f:
         json.dump(config_json, f, indent=1)

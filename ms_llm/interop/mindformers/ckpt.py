@@ -17,6 +17,7 @@ import tempfile
 import numpy as np
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import read_user_json
 from ms_llm.interop.mindformers import names
 from ms_llm.config.validate import head_dim
 
@@ -35,13 +36,9 @@ def read_checkpoint(path):
         arrays, dtypes, _ = safetensors_io.load(path)
         dtypes = {k: SAFETENSORS_DTYPES.get(v, v) for k, v in dtypes.items()}
         return {k: np.asarray(v, np.float32) for k, v in arrays.items()}, dtypes, list(arrays)
-    import mindspore as ms
+    from ms_llm.checkpoint.store import load_mindspore_checkpoint
 
-    try:
-        params = ms.load_checkpoint(path)
-    except (ValueError, RuntimeError, OSError) as e:
-        raise UserError(f"'{path}' cannot be read as a MindSpore checkpoint ({str(e).splitlines()[0][:200]}). Give "
-                        f"the .ckpt file MindFormers saved (or its rank_<r>/ folder with --strategy).") from None
+    params = load_mindspore_checkpoint(path)
     arrays, dtypes = {}, {}
     for k, p in params.items():
         dtypes[k] = str(p.dtype).replace("mindspore.", "").lower()
@@ -225,8 +222,8 @@ def find_origin(here, load_weights):
     for folder in (here, os.path.dirname(os.path.abspath(load_weights)) if load_weights else None):
         if folder and os.path.isfile(os.path.join(folder, ORIGIN)):
             path = os.path.join(folder, ORIGIN)
-            with open(path, encoding="utf-8") as f:
-                return json.load(f), path
+            return read_user_json(path, "conversion record", fix="Convert the MindFormers checkpoint again, or "
+                                  "remove the file to convert without it."), path
     return {}, None
 
 

@@ -13,6 +13,7 @@ Values that change meaning are converted and the conversion is stated in the row
 import os
 
 from ms_llm.errors import UserError
+from ms_llm.fileio import interpreting
 from ms_llm.interop.mindformers import model_rules
 from ms_llm.interop.mindformers import moe_rules
 from ms_llm.interop.mindformers import run_rules
@@ -53,15 +54,17 @@ def convert_config(src, out, samples=None, devices=None, log=print):
         raise UserError(f"--output '{out}' already exists: choose another file name (a converted config is never "
                         f"overwritten).")
     raw = read_yaml(src)
-    if samples is None:
-        samples = count_samples(raw)
-    ours, rows, facts = import_config(raw, samples, devices, f"'{src}'")
-    cfg = config_from_dict(ours)
-    pc = cfg.parallel_config
-    if pc.data_parallel:  # the layout must also pass the planner's checks (micro-batches, divisibility)
-        from ms_llm.parallel.layout import build_plan
+    # a value of the wrong type deep in a rule (a list where a number goes) is one paragraph naming the file
+    with interpreting(src, "MindFormers config", "Fix that value (docs/from_mindformers.md lists the keys read)."):
+        if samples is None:
+            samples = count_samples(raw)
+        ours, rows, facts = import_config(raw, samples, devices, f"'{src}'")
+        cfg = config_from_dict(ours)
+        pc = cfg.parallel_config
+        if pc.data_parallel:  # the layout must also pass the planner's checks (micro-batches, divisibility)
+            from ms_llm.parallel.layout import build_plan
 
-        build_plan(cfg, pc.data_parallel * pc.model_parallel * pc.pipeline_stage)
+            build_plan(cfg, pc.data_parallel * pc.model_parallel * pc.pipeline_stage)
     log(format_table(rows))
     counts = summary_counts(rows)
     log("\n" + ", ".join(f"{n} {s}" for s, n in counts.items()) + f" ({len(rows)} rows)")
