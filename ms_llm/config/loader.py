@@ -30,7 +30,9 @@ def load_config(path=None, overrides=(), validate=True):
     if not path:
         return config_from_dict({}, overrides) if validate else from_dict(apply_overrides({}, overrides))
     raw = read_yaml(path)
-    with interpreting(path, "config file"):  # a value's refusal names the file it came from
+    # a value's refusal names the file it came from; with overrides it may have come from one of them, and the
+    # refusal (which names the key, the value and both places to fix it) is left as it is
+    with interpreting(path, "config file", name_refusals=not overrides):
         return config_from_dict(raw, overrides) if validate else from_dict(apply_overrides(raw, overrides))
 
 
