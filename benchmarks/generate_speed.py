@@ -16,6 +16,7 @@ quiet machine's. ms_llm's time per token is split into the prefill, the decode g
 between them. Needs torch and transformers.
 """
 import argparse
+import inspect
 import os
 import resource
 import statistics
@@ -73,7 +74,7 @@ def main():
     from ms_llm.config import from_dict
     from ms_llm.config.validate import validate_config
     from ms_llm.diagnose.measure import HostMeter
-    from ms_llm.generate import Generator
+    from ms_llm.generate import Generator, next_token
     from ms_llm.interop import huggingface as hf
 
     with tempfile.TemporaryDirectory() as folder:
@@ -90,8 +91,12 @@ def main():
     generator = Generator(model, context, args.batch)
     phases = PhaseTimer(generator)
 
+    # greedy in the graph (choose=None); an older generator (a before/after split) takes a host-side choice
+    in_graph = inspect.signature(Generator.generate).parameters["choose"].default is None
+    choose = None if in_graph else (lambda _, logits: next_token(logits))
+
     def run_ours():
-        return generator.generate(prompts, args.new)
+        return generator.generate(prompts, args.new, choose)
 
     def run_theirs():
         with torch.no_grad():
@@ -128,21 +133,24 @@ def main():
 
 
 class PhaseTimer:
-    """Wall time of the generator's prefill and decode graphs (each call waits for its result); the rest of a
-    generation is the host's work between graph calls."""
+    """Wall time of the generator's prefill and decode graphs (each call waited for: its first output is read);
+    the rest of a generation is the host's work between graph calls. Works on a generator whose graphs return
+    the cache beside the logits too (an older ms_llm's), to split the time per token of both the same way."""
 
     def __init__(self, generator):
         self.seconds = {"prefill": 0.0, "decode": 0.0}
         for attr, phase in (("prefill", "prefill"), ("step", "decode"), ("greedy_step", "decode")):
-            setattr(generator, attr, self.timed(getattr(generator, attr), phase))
+            if hasattr(generator, attr):
+                setattr(generator, attr, self.timed(getattr(generator, attr), phase))
         self.t0 = time.perf_counter()
 
     def timed(self, cell, phase):
         def call(*args):
             t0 = time.perf_counter()
-            out = cell(*args).asnumpy()
+            out = cell(*args)
+            (out[0] if isinstance(out, tuple) else out).asnumpy()  # graphs run asynchronously: wait for this one
             self.seconds[phase] += time.perf_counter() - t0
-            return Result(out)
+            return out
         return call
 
     def reset(self):
@@ -154,16 +162,6 @@ class PhaseTimer:
         graphs = sum(self.seconds.values())
         return (f"per token {total / new_tokens * 1e3:.2f} ms: prefill {self.seconds['prefill'] / new_tokens * 1e3:.2f}, "
                 f"decode graphs {self.seconds['decode'] / new_tokens * 1e3:.2f}, host {(total - graphs) / new_tokens * 1e3:.2f}")
-
-
-class Result:
-    """A graph's output already on the host (what the generator then calls .asnumpy() on)."""
-
-    def __init__(self, array):
-        self.array = array
-
-    def asnumpy(self):
-        return self.array
 
 if __name__ == "__main__":
     main()
