@@ -108,6 +108,8 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--vocab-size", type=int, default=0, help="model vocabulary (default: the dataset's); larger "
                                                                  "than the data's to measure the LM head and loss")
+    ap.add_argument("--compile", action="store_true", help="the model under torch.compile (inductor; its compile "
+                                                           "happens in the first steps, which are not timed)")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -144,6 +146,7 @@ def main():
         return float(np.mean(losses))
 
     model = GPT(max(args.vocab_size, manifest["vocab_size"]), seq)
+    forward = torch.compile(model) if args.compile else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
@@ -154,7 +157,7 @@ def main():
         t0 = time.perf_counter()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, args.steps)
-        loss = F.cross_entropy(model(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
+        loss = F.cross_entropy(forward(b[:, :-1]).flatten(0, 1), b[:, 1:].flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -164,7 +167,8 @@ def main():
             print(f"step {step + 1}: train loss {loss.item():.4f}, val loss {evaluate():.4f}", flush=True)
     steady = sorted(times[min(10, len(times) - 1):])
     ms = 1e3 * float(np.median(steady))
-    result = {"framework": f"pytorch {torch.__version__}", "threads": torch.get_num_threads(),
+    result = {"framework": f"pytorch {torch.__version__}" + (" compiled" if args.compile else ""),
+              "threads": torch.get_num_threads(),
               "ms_per_step": ms, "tokens_per_s": args.batch * seq / (ms / 1e3), "sampling": args.sampling,
               "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     print(json.dumps(result))

@@ -65,6 +65,7 @@ def main():
     ap.add_argument("--set", dest="overrides", action="append", default=[], help="ms_llm config override")
     ap.add_argument("--dataset-dir", help="both sides read this dataset (default: the config's)")
     ap.add_argument("--vocab-size", type=int, default=0, help="both models get this vocabulary (default: the data's)")
+    ap.add_argument("--torch-compile", action="store_true", help="PyTorch's model under torch.compile (inductor)")
     args = ap.parse_args()
     env = dict(os.environ, GLOG_v="3")
     overrides = list(args.overrides)
@@ -78,6 +79,8 @@ def main():
                   str(args.steps + 10), "--eval-every", "0", "--vocab-size", str(args.vocab_size)]
     if args.dataset_dir:
         theirs_cmd += ["--dataset-dir", args.dataset_dir]
+    if args.torch_compile:
+        theirs_cmd.append("--compile")
     imports = {name: run([sys.executable, "-c", f"import {name}"], env)[1] for name in ("mindspore", "torch")}
     others = []
     ours, theirs = [], []
