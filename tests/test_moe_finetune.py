@@ -1,6 +1,6 @@
 """Fine-tuning a mixture of experts (ms_llm/train/losses/composed.py): the loss a run gets is its objective (the
 masked token loss of chat data, the preference pair loss) plus the router term (load balancing, z-loss), each part
-evaluated apart here; then SFT and DPO through `ms-llm train` on a tiny MoE model."""
+evaluated apart here; then SFT of a converted Mixtral and DPO of a converted Qwen3-MoE through `ms-llm train`."""
 import contextlib
 import io
 import json
@@ -146,43 +146,66 @@ def cli(*args):
     return code, out.getvalue(), err.getvalue()
 
 
-MOE_RUN = ["model.num_layers=2", "model.hidden_size=64", "model.num_heads=2", "model.seq_length=128",
-           "model.ffn_hidden_size=64", "model.moe.num_experts=4", "train.global_batch_size=4",
-           "train.micro_batch_size=2", "train.lr=3e-3", "train.warmup_steps=2", "train.log_interval=1",
-           "train.eval_interval=8", "train.eval_steps=1", "monitor.progress_bar=false", "monitor.summary=false",
-           "monitor.report=false", "monitor.telemetry_interval_s=null", "context.compile_cache=false"]
+HF_MOE = {  # the two MoE families `ms-llm convert --from-hf` reads, tiny (transformers config class, options)
+    "mixtral": ("MixtralConfig", {"num_local_experts": 4}),
+    "qwen3_moe": ("Qwen3MoeConfig", {"num_experts": 4, "moe_intermediate_size": 64, "head_dim": 16}),
+}
+RUN = ["model.seq_length=128", "train.global_batch_size=4", "train.micro_batch_size=2", "train.lr=3e-3",
+       "train.warmup_steps=2", "train.log_interval=1", "train.eval_interval=8", "train.eval_steps=1",
+       "train.weight_decay=0.0", "monitor.progress_bar=false", "monitor.summary=false", "monitor.report=false",
+       "monitor.telemetry_interval_s=null", "context.compile_cache=false"]
 
 
-def train_moe(data, run, *settings):
-    args = [f"data.dataset_dir={data}", *MOE_RUN, *settings]
-    code, out, err = cli("train", "--config", os.path.join(ROOT, "configs", "shakespeare_moe.yaml"), "--run-dir", run,
+def converted_moe(family, folder):
+    """A random tiny transformers MoE model of `family` (the chat tokenizer's 512 tokens), saved and converted with
+    `ms-llm convert --from-hf` into FOLDER/ours: the folder."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    cls, options = HF_MOE[family]
+    config = getattr(transformers, cls)(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                        num_experts_per_tok=2, router_aux_loss_coef=0.01, **options)
+    torch.manual_seed(0)
+    transformers.AutoModelForCausalLM.from_config(config).float().save_pretrained(str(folder / "hf"))
+    code, _, err = cli("convert", "--from-hf", folder / "hf", "--output", folder / "ours")
+    assert code == 0, err
+    return folder / "ours"
+
+
+def fine_tune(base, data, run, *settings):
+    """`ms-llm train` from the converted weights on `data`: the records of metrics.jsonl that carry a loss."""
+    args = [f"data.dataset_dir={data}", f"checkpoint.load_weights={base / 'model.ckpt'}", *RUN, *settings]
+    code, out, err = cli("train", "--config", base / "config.yaml", "--run-dir", run,
                          *[a for s in args for a in ("--set", s)])
     assert code == 0, err + out[-3000:]
-    return [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
+    return [r for r in map(json.loads, open(os.path.join(run, "metrics.jsonl"))) if "loss" in r]
 
 
-@pytest.mark.slow
-def test_sft_and_dpo_train_a_moe_model(tmp_path):
-    """`ms-llm train` on a tiny MoE model: chat data (loss mask) and preference pairs (DPO) both train, the loss
-    falls, the loss counts the responses only, and the router's health is logged."""
+def test_sft_of_a_converted_mixtral_and_dpo_of_a_converted_qwen3_moe(tmp_path):
+    """`ms-llm train` on the MoE models the project converts: a Mixtral fine-tuned on chat data (loss mask) and a
+    Qwen3-MoE trained with DPO on preference pairs. Both train (the loss falls), both log the router's health and its
+    aux loss; the SFT loss counts the responses only, and DPO starts at log 2 (the policy is its reference)."""
     from finetune_fixtures import assets, demo, write_jsonl
 
     a = assets()
     code, _, err = cli("preprocess", "--format", "chat", "--input", a["chat"], "--tokenizer", a["tok"],
                        "--seq-length", 128, "--output-dir", tmp_path / "chat", "--workers", "1")
     assert code == 0, err
-    sft = [r for r in train_moe(tmp_path / "chat", tmp_path / "sft", "train.max_steps=16") if "loss" in r]
+    sft = fine_tune(converted_moe("mixtral", tmp_path / "mixtral"), tmp_path / "chat", tmp_path / "sft",
+                    "train.max_steps=16")
     assert sft[-1]["loss"] < sft[0]["loss"] - 0.5
-    assert all(0 < r["loss_tokens_frac"] < 1 for r in sft) and all("moe/0/lb_loss" in r for r in sft)
+    assert all(0 < r["loss_tokens_frac"] < 1 and r["aux_loss"] > 0 and "moe/0/lb_loss" in r for r in sft)
 
-    recs = demo.conversations(16, 1, 40, seed=5)
+    recs = demo.conversations(4, 1, 40, seed=5)  # one global batch: every step trains on the same 4 pairs
     pairs = [{"prompt": r["messages"][0]["content"], "chosen": r["messages"][1]["content"],
               "rejected": recs[(i + 1) % len(recs)]["messages"][1]["content"]} for i, r in enumerate(recs)]
     code, _, err = cli("preprocess", "--format", "preference", "--input", write_jsonl(tmp_path / "p.jsonl", pairs),
-                       "--tokenizer", a["tok"], "--seq-length", 128, "--output-dir", tmp_path / "pairs",
+                       "--tokenizer", a["tok"], "--seq-length", 256, "--output-dir", tmp_path / "pairs",
                        "--workers", "1", "--val-fraction", "0")
     assert code == 0, err
-    dpo = [r for r in train_moe(tmp_path / "pairs", tmp_path / "dpo", "train.max_steps=8", "train.eval_interval=0",
-                                "finetune.preference.loss=dpo") if "loss" in r]
+    dpo = fine_tune(converted_moe("qwen3_moe", tmp_path / "qwen3_moe"), tmp_path / "pairs", tmp_path / "dpo",
+                    "model.seq_length=256", "train.max_steps=8", "train.eval_interval=0", "train.lr=1e-3",
+                    "data.shuffle=false", "finetune.preference.loss=dpo")
     assert dpo[0]["loss"] == pytest.approx(np.log(2), abs=1e-3)  # the policy starts as its reference
-    assert dpo[-1]["loss"] < dpo[0]["loss"] and all("moe/0/lb_loss" in r and "rewards/margins" in r for r in dpo)
+    assert dpo[-1]["loss"] < dpo[0]["loss"] - 0.1 and dpo[-1]["rewards/margins"] > 0
+    assert all(r["aux_loss"] > 0 and "moe/0/lb_loss" in r and "rewards/margins" in r for r in dpo)
