@@ -1,5 +1,6 @@
-"""The loss mask of fine-tuning data, a part of the token objective (token.py): the mean cross-entropy over the target tokens the loss mask keeps, across the whole global
-batch, whatever the accumulation and the number of data-parallel ranks.
+"""The loss mask of fine-tuning data, a part of the token objective (token.py): the mean cross-entropy over the
+target tokens the loss mask keeps, across the whole global batch, whatever the accumulation and the number of
+data-parallel ranks.
 
     loss = Σ w·ce / Σ w   over every token of every micro-batch of every rank of the step
 
