@@ -167,7 +167,7 @@ def check_eval(cfg):
 
 def check_preference(cfg):
     """finetune.preference (preference optimisation, ms_llm/train/losses/preference.py): its values, and the layouts
-    and models it does not run with. A preference dataset without the section is checked against the layout with
+    it does not run with (a mixture of experts trains with its router term: ms_llm/train/losses/routed.py). A preference dataset without the section is checked against the layout with
     the other fine-tuning data (ms_llm.train.setup.finetune.check)."""
     p, pc = cfg.finetune.preference, cfg.parallel_config
     if p is None and cfg.data.format != "preference":
@@ -181,11 +181,6 @@ def check_preference(cfg):
                         f"log-probs of a pair in one place and the reference pass beside the step, which the "
                         f"pipelined step does not have. Use data parallelism (pipeline_stage: 1); LoRA "
                         f"(finetune.lora) keeps a large model's optimizer state small enough to fit.")
-    if cfg.model.moe is not None:
-        raise UserError("preference optimisation (finetune.preference, or data.format: preference) with model.moe: "
-                        "the pair loss does not add the router's load-balancing loss, so the experts would collapse "
-                        "unnoticed. Run it on a dense model (remove model.moe), or train the MoE model with "
-                        "supervised fine-tuning (--format chat).")
 
 
 def check_finetune(ft):

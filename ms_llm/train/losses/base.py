@@ -58,9 +58,14 @@ class Loss(nn.Cell):
         return {}
 
     def eval_record(self, outputs, rt):
-        """The validation record of a pass whose outputs (one per batch of this rank) are `outputs`: the mean loss
-        over the batches, averaged over ranks (each holds its slice of the same global batches)."""
-        local = float(np.mean([float(out[1].asnumpy()) for out in outputs]))
-        if rt.world_size > 1:
-            local = float(ops.AllReduce()(ms.Tensor(np.array([local], np.float32))).asnumpy()[0]) / rt.world_size
-        return {"val_loss": local}
+        """The validation record of a pass whose outputs (one per batch of this rank) are `outputs`."""
+        return mean_loss_record(outputs, rt)
+
+
+def mean_loss_record(outputs, rt):
+    """The mean loss (each output's second element) over the batches, averaged over ranks (each holds its slice of
+    the same global batches)."""
+    local = float(np.mean([float(out[1].asnumpy()) for out in outputs]))
+    if rt.world_size > 1:
+        local = float(ops.AllReduce()(ms.Tensor(np.array([local], np.float32))).asnumpy()[0]) / rt.world_size
+    return {"val_loss": local}

@@ -1,4 +1,4 @@
-"""The chunked loss (`train.loss_chunk_tokens` > 0): the LM head and the cross-entropy over that many tokens at a time.
+"""The chunked token objective (`train.loss_chunk_tokens` > 0), a part of the composed loss (composed.py): the LM head and the cross-entropy over that many tokens at a time.
 
 Chunked (`ChunkedCrossEntropy`, the fused linear cross-entropy of Liger-Kernel and torchtune): for each chunk of
 tokens the head's matmul, the softmax, the loss and the gradient of the loss with respect to the chunk's logits
@@ -23,12 +23,41 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from ms_llm.nn.backend import PORTABLE
-from ms_llm.train.losses.base import Loss
+from ms_llm.train.losses.composed import ComposedLoss
+from ms_llm.train.losses.part import Objective
 
 
-class ChunkedLoss(Loss):
-    """Mean token cross-entropy over chunks of `train.loss_chunk_tokens` tokens, equal to the whole loss within float32
-    rounding; in evaluation the forward alone (ChunkedCrossEntropyLoss)."""
+class ChunkedTokens(Objective):
+    """The mean token cross-entropy over chunks of `chunk` tokens, from the final hidden states and the head weight;
+    in training it returns grad_scale × loss with its own gradients (ChunkedCrossEntropy), in evaluation the forward
+    alone (ChunkedCrossEntropyLoss)."""
+
+    reads_hidden = True
+    scales_itself = True
+
+    def __init__(self, chunk, compute_dtype=ms.float32, backend=PORTABLE):
+        super().__init__()
+        self.train_loss = ChunkedCrossEntropy(chunk, compute_dtype, backend)
+        self.eval_loss = ChunkedCrossEntropyLoss(chunk, compute_dtype, backend)
+
+    def train(self, hidden, targets, grad_scale, columns):
+        x, head, targets, weights = self.flat(hidden, targets)
+        scaled, loss, _, _ = self.train_loss(x, head, targets, weights, grad_scale)
+        return scaled, loss, ()
+
+    def evaluate(self, hidden, targets, columns):
+        x, head, targets, weights = self.flat(hidden, targets)
+        loss = self.eval_loss(x, head, targets, weights)
+        return loss, loss
+
+    def flat(self, hidden, targets):
+        x, head = hidden
+        targets = targets.reshape(-1)
+        return x.reshape(-1, x.shape[-1]), head, targets, ops.ones(targets.shape, ms.float32)
+
+
+class ChunkedLoss(ComposedLoss):
+    """The chunked token objective, nothing added: equal to the whole-logits loss within float32 rounding."""
 
     @classmethod
     def applies(cls, cfg, parallel, manifest):
@@ -40,20 +69,7 @@ class ChunkedLoss(Loss):
         return cls(model, parallel.accumulation, cfg.train.loss_chunk_tokens, backend)
 
     def __init__(self, model, accum, chunk, backend=PORTABLE):
-        super().__init__(model, accum)
-        self.train_loss = ChunkedCrossEntropy(chunk, model.dtype, backend)
-        self.eval_loss = ChunkedCrossEntropyLoss(chunk, model.dtype, backend)
-
-    def construct(self, grad_scale, ids):
-        x = self.model.hidden_states(ids[:, :-1])[-1]
-        x = x.reshape(-1, x.shape[-1])
-        targets = ids[:, 1:].reshape(-1)
-        weights = ops.ones(targets.shape, ms.float32)
-        if not self.training:
-            loss = self.eval_loss(x, self.model.head_weight(), targets, weights)
-            return loss * grad_scale, loss
-        scaled, loss, _, _ = self.train_loss(x, self.model.head_weight(), targets, weights, grad_scale)
-        return scaled, loss
+        super().__init__(model, accum, ChunkedTokens(chunk, model.dtype, backend))
 
 
 def chunk_bounds(tokens, chunk):

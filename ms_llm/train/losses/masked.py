@@ -1,5 +1,6 @@
-"""The fine-tuning loss: the mean cross-entropy over the target tokens the loss mask keeps, across the whole global
-batch, whatever the accumulation and the number of data-parallel ranks.
+"""The loss mask of fine-tuning data, a part of the token objective (token.py): the mean cross-entropy over the
+target tokens the loss mask keeps, across the whole global batch, whatever the accumulation and the number of
+data-parallel ranks.
 
     loss = Σ w·ce / Σ w   over every token of every micro-batch of every rank of the step
 
@@ -28,16 +29,20 @@ diagnose` names it (rules/finetune.py).
 The weights are computed on the host (`target_weights`), once, and handed to the graph with their count, so the
 count and the loss can never use two different rules.
 
+The mask changes nothing else: the terms a run adds (a mixture of experts' router losses, routed.py) are added to
+this loss as to the plain one (composed.py), so an MoE model fine-tunes with its load-balancing loss.
+
 In evaluation the same cell returns the sums a validation pass needs (Σ w·ce, Σ w, and the same over the prompt
 tokens, which are never trained on), and `eval_record` divides them over all batches and ranks.
 """
 import numpy as np
 
 import mindspore as ms
-from mindspore import ops
+from mindspore import nn, ops
 
 from ms_llm.data.manifest import has_loss_mask
-from ms_llm.train.losses.base import Loss
+from ms_llm.train.losses.composed import ComposedLoss
+from ms_llm.train.losses.token import WholeTokens
 
 
 def target_weights(loss_mask, segments, use_mask=True):
@@ -67,30 +72,23 @@ def documents(cfg, manifest):
     return bool(manifest.get("packed")) and cfg.finetune.document_mask
 
 
-class MaskedLoss(Loss):
-    """(grad_scale, ids (B, T+1), weights (B, T), segments (B, T+1), local count (), prompt weights (B, T)) →
-    (loss · grad_scale, loss), loss = Σ w·ce / d (module docstring). With `documents`, the model gets the segment
-    ids (packed samples: attention and positions per conversation); without, it sees each row as one sequence."""
+class LossMask(nn.Cell):
+    """The columns (weights (B, T), segments (B, T+1), local count (), prompt weights (B, T)) of a micro-batch and
+    what the token objective does with them: loss = Σ w·ce / d (module docstring). With `documents`, the model gets
+    the segment ids (packed samples: attention and positions per conversation); without, it sees each row as one
+    sequence."""
 
-    @classmethod
-    def applies(cls, cfg, parallel, manifest):
-        return has_loss_mask(manifest)
-
-    @classmethod
-    def build(cls, cfg, parallel, manifest, model, backend, dp):
-        return cls(model, parallel.accumulation, dp, cfg.finetune.loss_mask, documents(cfg, manifest))
-
-    def __init__(self, model, accum, dp=1, use_mask=True, with_documents=True):
-        super().__init__(model, accum)
-        self.dp = dp
+    def __init__(self, accum, dp=1, use_mask=True, with_documents=True):
+        super().__init__(auto_prefix=False)
+        self.accum, self.dp = accum, dp
         self.use_mask, self.documents = use_mask, with_documents
         self.all_reduce = ops.AllReduce() if dp > 1 else None
         self.loss_tokens = self.target_tokens = 0.0  # this rank's masked-in and real targets since the last log
 
-    def inputs(self, batches, count=True):
+    def inputs(self, batches, count, training):
         cols = [(b.loss_mask.asnumpy(), b.segments.asnumpy()) for b in batches]
         # validation counts the responses whatever finetune.loss_mask says (what the loss should have learnt)
-        weights = [target_weights(m, s, self.use_mask or not self.training) for m, s in cols]
+        weights = [target_weights(m, s, self.use_mask or not training) for m, s in cols]
         masked_in = ms.Tensor(np.float32(sum(float(w.sum()) for w in weights)))
         if count:
             self.loss_tokens += float(sum(w.sum() for w in weights))
@@ -106,20 +104,23 @@ class MaskedLoss(Loss):
         self.loss_tokens = self.target_tokens = 0.0
         return out
 
+    def segments(self, columns):
+        return columns[1][:, :-1] if self.documents else None
+
     def denominator(self, count):
         total = self.all_reduce(count) if self.dp > 1 else count
         return ops.maximum(total, 1.0) / (self.accum * self.dp)
 
-    def construct(self, grad_scale, ids, weights, segments, count, prompt):
-        logits = self.model(ids[:, :-1], segments[:, :-1]) if self.documents else self.model(ids[:, :-1])
-        ce = token_cross_entropy(logits, ids[:, 1:])
-        w = weights.reshape(-1)
-        if not self.training:
-            p = prompt.reshape(-1)
-            return ops.zeros((), ms.float32), ops.zeros((), ms.float32), (ce * w).sum(), w.sum(), (ce * p).sum(), \
-                p.sum()
-        loss = (ce * w).sum() / self.denominator(count)
-        return loss * grad_scale, loss
+    def loss(self, logits, targets, columns):
+        weights, count = columns[0], columns[2]
+        ce = token_cross_entropy(logits, targets)
+        return (ce * weights.reshape(-1)).sum() / self.denominator(count)
+
+    def evaluate(self, logits, targets, columns):
+        ce = token_cross_entropy(logits, targets)
+        w, p = columns[0].reshape(-1), columns[3].reshape(-1)
+        return ops.zeros((), ms.float32), ops.zeros((), ms.float32), (ce * w).sum(), w.sum(), (ce * p).sum(), \
+            p.sum()
 
     def eval_record(self, outputs, rt):
         """val_loss: the token-weighted mean over the masked-in (response) tokens of all batches and ranks, whatever
@@ -131,3 +132,19 @@ class MaskedLoss(Loss):
             sums = ops.AllReduce()(ms.Tensor(sums.astype(np.float32))).asnumpy().astype(np.float64)
         return {"val_loss": sums[0] / sums[1] if sums[1] else float("nan"),
                 "val_loss_prompt": sums[2] / sums[3] if sums[3] else float("nan"), "val_tokens": int(sums[1])}
+
+
+class MaskedLoss(ComposedLoss):
+    """The token objective over the whole logits with the loss mask: (grad_scale, ids (B, T+1), weights (B, T),
+    segments (B, T+1), local count (), prompt weights (B, T)) → (loss · grad_scale, loss)."""
+
+    @classmethod
+    def applies(cls, cfg, parallel, manifest):
+        return has_loss_mask(manifest)
+
+    @classmethod
+    def build(cls, cfg, parallel, manifest, model, backend, dp):
+        return cls(model, parallel.accumulation, dp, cfg.finetune.loss_mask, documents(cfg, manifest))
+
+    def __init__(self, model, accum, dp=1, use_mask=True, with_documents=True):
+        super().__init__(model, accum, WholeTokens(LossMask(accum, dp, use_mask, with_documents)))

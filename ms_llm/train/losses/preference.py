@@ -45,8 +45,9 @@ from mindspore import ops
 
 from ms_llm.data.preference import CHOSEN, REJECTED, is_preference
 from ms_llm.errors import UserError
-from ms_llm.train.losses.base import Loss
+from ms_llm.train.losses.composed import ComposedLoss
 from ms_llm.train.losses.masked import target_weights, token_cross_entropy
+from ms_llm.train.losses.part import Objective
 
 STATS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/margins", "logps/chosen",
          "logps/rejected")
@@ -72,9 +73,10 @@ def settings(cfg):
     return cfg.finetune.preference or PreferenceConfig()
 
 
-class PreferenceLoss(Loss):
+class PreferenceLoss(ComposedLoss):
     """(grad_scale, ids (B, T+1), segments (B, T+1), chosen weights (B, T), rejected weights (B, T), reference
-    log-probs (B, 2)) → (loss · grad_scale, loss, stats (7,)). See the module docstring."""
+    log-probs (B, 2)) → (loss · grad_scale, loss, stats (7,)): the pair objective, to which a mixture of experts'
+    router term is added like to any other (composed.py). See the module docstring."""
 
     @classmethod
     def applies(cls, cfg, parallel, manifest):
@@ -88,7 +90,14 @@ class PreferenceLoss(Loss):
         return cls(model, parallel.accumulation, pref.loss, pref.beta, pref.simpo_gamma)
 
     def __init__(self, model, accum, objective="dpo", beta=0.1, simpo_gamma=0.5):
-        super().__init__(model, accum)
+        super().__init__(model, accum, PairObjective(objective, beta, simpo_gamma))
+
+
+class PairObjective(Objective):
+    """The pair loss of `objective` ("dpo", "ipo", "simpo") on the logits of the pairs' two segments."""
+
+    def __init__(self, objective="dpo", beta=0.1, simpo_gamma=0.5):
+        super().__init__()
         self.objective, self.beta, self.gamma = objective, float(beta), float(simpo_gamma)
         self.aux_shapes = (("preference_stats", (len(STATS) + 1,)),)
         self.reference = None  # {sample digest: (logref chosen, logref rejected)} once `prepare` ran
@@ -120,7 +129,7 @@ class PreferenceLoss(Loss):
             out[i] = got
         return out
 
-    def inputs(self, batches, count=True):
+    def inputs(self, batches, count, training):
         out = []
         for b in batches:
             ids, seg, wc, wr = self.columns(b)
@@ -152,7 +161,7 @@ class PreferenceLoss(Loss):
 
     # --- the reference -----------------------------------------------------------------------------------------
 
-    def prepare(self, session, log, resumed=False):
+    def prepare(self, loss, session, log, resumed):
         """Before the first step: find the step's stats buffer; for DPO/IPO, the reference log-probs of every pair
         of the training and validation splits, from the stored table or computed now (module docstring)."""
         self.buffer = next((p for p in session.step_fn.state.aux_sums if p.name == "preference_stats"), None)
@@ -171,20 +180,21 @@ class PreferenceLoss(Loss):
             log(f"reference log-probs: {len(table):,} pairs from {path}")
             return
         with swapped(session, ref_arrays if swap else None):
-            table = self.compute_reference(session)
+            table = self.compute_reference(loss, session)
         self.reference = table
         where = save_table(path, key, table)
         log(f"reference log-probs: {len(table):,} pairs computed from the reference"
             + (f", stored in {where}" if where else " (the dataset folder is not writable: not stored)"))
 
-    def compute_reference(self, session):
+    def compute_reference(self, loss, session):
+        """{sample digest: (logp chosen, logp rejected)} of every pair, `loss` (the composed loss) in evaluation."""
         from ms_llm.data.loader import TrainBatches
 
         cfg = session.cfg
         mb = cfg.train.micro_batch_size
         table = {}
         one = ms.Tensor(1.0, ms.float32)
-        self.set_train(False)
+        loss.set_train(False)
         try:
             for split in ("train", "val"):
                 if not session.manifest["splits"].get(split, {}).get("samples"):
@@ -194,21 +204,33 @@ class PreferenceLoss(Loss):
                 for _ in range(-(-it.num_samples // mb)):
                     b = next(it)
                     ids, seg, wc, wr = self.columns(b)
-                    out = self(one, b.ids, b.segments, ms.Tensor(wc.astype(np.float32)),
+                    out = loss(one, b.ids, b.segments, ms.Tensor(wc.astype(np.float32)),
                                ms.Tensor(wr.astype(np.float32)), ms.Tensor(np.zeros((len(ids), 2), np.float32)))
                     logps = out[3].asnumpy()
                     for i in range(len(ids)):
                         table[row_key(ids[i], seg[i])] = logps[i].astype(np.float32)
         finally:
-            self.set_train(True)
+            loss.set_train(True)
         return table
 
     # --- the graph -----------------------------------------------------------------------------------------------
 
-    def construct(self, grad_scale, ids, segments, chosen_w, rejected_w, reference):
-        logits = self.model(ids[:, :-1], segments[:, :-1])
+    def segments(self, columns):
+        return columns[0][:, :-1]  # the pair's two sequences as two documents
+
+    def train(self, logits, targets, grad_scale, columns):
+        loss, stats = self.pair_loss(logits, targets, columns)[:2]
+        return loss, loss, (stats,)
+
+    def evaluate(self, logits, targets, columns):
+        loss, stats, logps, counts = self.pair_loss(logits, targets, columns)
+        return ops.zeros((), ms.float32), loss, stats, logps, counts
+
+    def pair_loss(self, logits, targets, columns):
+        """(mean loss over the pairs, summed stats (7,), (logp chosen, logp rejected) (B, 2), their tokens (B, 2))."""
+        chosen_w, rejected_w, reference = columns[1], columns[2], columns[3]
         b, t = chosen_w.shape
-        lp = -token_cross_entropy(logits, ids[:, 1:]).reshape(b, t)
+        lp = -token_cross_entropy(logits, targets).reshape(b, t)
         sc, sr = (lp * chosen_w).sum(-1), (lp * rejected_w).sum(-1)
         nc, nr = ops.maximum(chosen_w.sum(-1), 1.0), ops.maximum(rejected_w.sum(-1), 1.0)
         ref_c, ref_r = reference[:, 0], reference[:, 1]
@@ -230,9 +252,7 @@ class PreferenceLoss(Loss):
         stats = ops.stack([reward_c.sum(), reward_r.sum(), (reward_c > reward_r).astype(ms.float32).sum(),
                            (reward_c - reward_r).sum(), logp_c.sum(), logp_r.sum(),
                            ops.ones((), ms.float32) * b])
-        if not self.training:
-            return ops.zeros((), ms.float32), loss, stats, ops.stack([sc, sr], -1), ops.stack([nc, nr], -1)
-        return loss * grad_scale, loss, stats
+        return loss, stats, ops.stack([sc, sr], -1), ops.stack([nc, nr], -1)
 
 
 def fields(sums):

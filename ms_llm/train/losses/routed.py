@@ -1,27 +1,48 @@
-"""The loss of a mixture of experts: the LM cross-entropy plus the router's aux loss (load balancing, z-loss).
+"""The router term of a mixture of experts, added to the run's objective (composed.py): the router's aux loss, the
+coefficient-weighted load-balancing and z-losses averaged over the MoE layers (ms_llm.nn.moe, `forward_layers`).
 
-    scaled = (CE + aux) · grad_scale          logged: CE (comparable with val_loss and with dense runs)
+    scaled = (objective + aux) · grad_scale          logged: the objective (comparable with val_loss and dense runs)
 
-The aux loss is differentiated with the LM loss and under the same ÷ accumulation rule. The router statistics of
-every MoE layer (expert counts, losses, dropped assignments; ms_llm.nn.moe.STAT_NAMES) are its aux output, summed
-by the step into the `router_stats` buffer that the trainer reads once per log interval (train/loop/router_stats.py).
-The whole logits are used: the chunked loss has no router term."""
+The aux loss is differentiated with the objective under the same ÷ accumulation rule, whatever the objective is:
+the plain token loss, the masked loss of fine-tuning data (SFT) or a preference objective (DPO, IPO, SimPO). The
+router statistics of every MoE layer (expert counts, losses, dropped assignments; ms_llm.nn.moe.STAT_NAMES) are its
+aux output, summed by the step into the `router_stats` buffer that the trainer reads once per log interval
+(train/loop/router_stats.py)."""
 from mindspore import ops
 
 from ms_llm.nn.moe import STAT_NAMES
-from ms_llm.train.losses.base import Loss, cross_entropy
+from ms_llm.train.losses.composed import ComposedLoss
+from ms_llm.train.losses.part import Term
+from ms_llm.train.losses.token import WholeTokens
 
 
-class RoutedLoss(Loss):
+class RouterTerm(Term):
+    """(router aux loss, router statistics rows) → (aux, (statistics (MoE layers, E + 5),))."""
+
+    reads_router = True
+
+    @classmethod
+    def applies(cls, cfg, parallel, manifest):
+        return cfg.model.moe is not None
+
+    @classmethod
+    def build(cls, cfg, model):
+        return cls(model.num_moe_layers, model.router_experts)
+
+    def __init__(self, moe_layers, experts):
+        super().__init__()
+        self.aux_shapes = (("router_stats", (moe_layers, experts + len(STAT_NAMES))),)
+
+    def train(self, router_aux, router_stats):
+        return router_aux, (ops.stack(router_stats),)
+
+
+class RoutedLoss(ComposedLoss):
+    """A mixture of experts on plain text: the token objective over the whole logits plus the router term."""
+
     @classmethod
     def applies(cls, cfg, parallel, manifest):
         return cfg.model.moe is not None
 
     def __init__(self, model, accum):
-        super().__init__(model, accum)
-        self.aux_shapes = (("router_stats", (model.num_moe_layers, model.router_experts + len(STAT_NAMES))),)
-
-    def construct(self, grad_scale, ids):
-        states, aux, stats = self.model.forward_layers(ids[:, :-1])
-        loss = cross_entropy(self.model.logits(states[-1]), ids[:, 1:])
-        return (loss + aux) * grad_scale, loss, ops.stack(stats)
+        super().__init__(model, accum, WholeTokens(), [RouterTerm(model.num_moe_layers, model.router_experts)])

@@ -38,10 +38,6 @@ def check(cfg, manifest, parallel):
                         "parallelism: the masked loss and the per-conversation attention mask run under data "
                         "parallelism only for now. Set parallel_config.model_parallel: 1 and pipeline_stage: 1 "
                         "(LoRA's small optimizer state often makes the model fit without them).")
-    if has_loss_mask(manifest) and cfg.model.moe is not None:
-        raise UserError("a chat/instruction dataset (loss mask) with model.moe: the masked loss does not add the "
-                        "router's load-balancing loss yet, so the experts would collapse unnoticed. Fine-tune a dense "
-                        "model, or train the MoE model on plain text (a dataset without a loss mask).")
     if ft.lora is not None and (parallel.pp > 1 or parallel.semi_auto):
         raise UserError("finetune.lora with model or pipeline parallelism: the adapters are not in the layouts' "
                         "sharding tables yet. Use data parallelism (model_parallel: 1, pipeline_stage: 1).")
