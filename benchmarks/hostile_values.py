@@ -59,6 +59,12 @@ def main():
     work = tempfile.mkdtemp(prefix="hostile_")
     for i, (key, value) in enumerate(pairs):
         raw = with_value(key, value)
+        # the run's files (a dataset a hostile data.dataset_dir names, say) go to the work folder, not the checkout
+        data = raw.setdefault("data", {})
+        for name in ("dataset_dir", "source"):
+            if isinstance(data.get(name), str) and data[name] and not os.path.isabs(data[name]) and \
+                    os.path.exists(os.path.join(ROOT, data[name])):
+                data[name] = os.path.join(ROOT, data[name])
         raw.setdefault("train", {}).update(max_steps=1, eval_interval=0, log_interval=1)
         raw.setdefault("checkpoint", {})["save_interval"] = 0
         path = os.path.join(work, f"{i}.yaml")
@@ -66,7 +72,7 @@ def main():
             yaml.safe_dump(raw, f)
         try:
             proc = subprocess.run([sys.executable, "-m", "ms_llm.cli", "train", "--config", path, "--run-dir",
-                                   os.path.join(work, f"run_{i}")], capture_output=True, text=True, cwd=ROOT,
+                                   os.path.join(work, f"run_{i}")], capture_output=True, text=True, cwd=work,
                                   timeout=args.timeout, env=dict(os.environ, GLOG_v="3"))
             code, err = proc.returncode, proc.stderr
         except subprocess.TimeoutExpired:

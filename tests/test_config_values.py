@@ -3,6 +3,7 @@ legal range or refused in one paragraph naming the key and the value. A key adde
 come from the schema's dataclasses, not from a list."""
 import dataclasses
 import math
+import re
 import typing
 
 import pytest
@@ -107,3 +108,25 @@ def test_a_refusal_names_the_range():
         config_from_dict(with_value("model.num_layers", 10**12))
     with pytest.raises(UserError, match=r"train.lr = nan is not a finite number; its legal range is \(0, 1000\]"):
         config_from_dict(with_value("train.lr", float("nan")))
+
+
+def test_every_plain_string_key_refuses_an_empty_value():
+    """Every key typed as a plain string (no None to fall back on), found by walking the schema, refuses '' and
+    blanks in one paragraph naming it: a key added later is covered without being listed."""
+    import dataclasses
+
+    from ms_llm.config.schema import Config
+
+    def plain_strings(cls, prefix=""):
+        for f in dataclasses.fields(cls):
+            if dataclasses.is_dataclass(f.type):
+                yield from plain_strings(f.type, f"{prefix}{f.name}.")
+            elif f.type is str:
+                yield prefix + f.name
+
+    keys = list(plain_strings(Config))
+    assert {"data.dataset_dir", "data.text_field", "model.arch"} <= set(keys), keys
+    for key in keys:
+        for blank in ("", "  "):
+            with pytest.raises(UserError, match=re.escape(key)):
+                config_from_dict(with_value(key, blank))

@@ -115,6 +115,7 @@ def validate_config(cfg):
                         f"checkpoint's upload is retried before it is left only local.")
     check_trackers(cfg.monitor.trackers)
     check_memory_size(cfg.context.max_device_memory)
+    check_no_blank_strings(cfg)
     check_legal_ranges(cfg)
     return cfg
 
@@ -321,6 +322,22 @@ def check_against_dataset(cfg, manifest, dataset_dir):
                         f"largest id {manifest.get('max_token_id', need - 1)}) in '{dataset_dir}'. Set "
                         f"model.vocab_size >= {need}, or null to take it from the data.")
     return cfg
+
+
+def check_no_blank_strings(cfg, section=None, prefix=""):
+    """A key typed as a plain string (not Optional: it has no "none" to fall back on) holding '' or blanks is
+    refused: a folder, a field name or a choice that is empty reaches a path or a table as nothing (an empty
+    data.dataset_dir made preprocessing rename its output onto '')."""
+    import typing
+
+    section = cfg if section is None else section
+    for f in dataclasses.fields(section):
+        value = getattr(section, f.name)
+        if dataclasses.is_dataclass(value):
+            check_no_blank_strings(cfg, value, f"{prefix}{f.name}.")
+        elif f.type is str and isinstance(value, str) and not value.strip() and type(None) not in typing.get_args(f.type):
+            raise UserError(f"{prefix}{f.name} = {value!r} is empty ({f.metadata.get('help', '')}). Give a value, or "
+                            f"remove the key for its default {f.default!r}.")
 
 
 def check_legal_ranges(cfg):
