@@ -30,8 +30,8 @@ setup(
     # eval: lm-evaluation-harness (ms-llm eval, the eval: section); pyarrow 25+ (datasets' own) needs NumPy 2, which
     # MindSpore 2.10 does not take. dev adds lm-eval's hf extra (accelerate): the parity tests run lm-eval's own
     # Hugging Face model beside ours
-    extras_require={"dev": ["pytest", "pytest-xdist", "tokenizers", "sentencepiece", "tensorboardX>=2.6",
-                            "tensorboard", "torch==2.13.0", "transformers>=4.45,<6", "boto3>=1.36",
+    extras_require={"dev": ["pytest", "pytest-xdist", "hypothesis>=6", "tokenizers", "sentencepiece",
+                            "tensorboardX>=2.6", "tensorboard", "torch==2.13.0", "transformers>=4.45,<6", "boto3>=1.36",
                             "esdk-obs-python>=3.23", "mlflow>=2.10", "swanlab>=0.6,<0.6.5", "moto[server]>=5",
                             "lm-eval[hf]>=0.4,<0.5", "pyarrow<25"],
                     "eval": ["lm-eval>=0.4,<0.5", "pyarrow<25", "tokenizers"],
