@@ -167,3 +167,15 @@ def test_a_metrics_line_of_the_wrong_types_is_skipped_and_counted(tmp_path):
     assert loaded.bad_lines == 2
     assert len(loaded.train) + len(loaded.evals) + len(loaded.events) == len(lines) - 2
     read_run(run)
+
+
+def test_a_loss_that_flat_lines_at_zero_is_diagnosed(tmp_path):
+    """Found by benchmarks/fuzz_readers.py: losses of 0 after a flat stretch, then a jump, divided by a zero noise
+    scale in the spike rule (ZeroDivisionError)."""
+    out = []
+    for line in seed("metrics.jsonl").splitlines():
+        r = json.loads(line)
+        if "loss" in r and r["step"] > 50:
+            r["loss"] = 2.0 if r["step"] == 150 else 0.0
+        out.append(json_text(r))
+    read_run(run_with(str(tmp_path), "metrics.jsonl", b"\n".join(out) + b"\n"))
