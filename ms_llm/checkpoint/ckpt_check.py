@@ -48,7 +48,8 @@ def _fields(f, end):
             length = _varint(f, end)
             start = f.tell()
             if start + length > end:
-                raise Damaged(f"field {number} at byte {start:,} says {length:,} bytes, its message ends at byte {end:,}")
+                raise Damaged(f"field {number} at byte {start:,} says {length:,} bytes, its message ends at byte "
+                              f"{end:,}")
             yield number, wire, (start, length)
             f.seek(start + length)
         elif wire in (1, 5):

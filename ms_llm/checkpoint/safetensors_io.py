@@ -70,14 +70,16 @@ def read_header(path):
                           f"shape and data_offsets")
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if not isinstance(dtype, str) or dtype not in ITEMSIZE:
-            _refuse(path, f"tensor '{name}' has dtype {str(dtype)[:40]!r}; the dtypes read are {', '.join(sorted(ITEMSIZE))}")
+            _refuse(path, f"tensor '{name}' has dtype {str(dtype)[:40]!r}; the dtypes read are "
+                          f"{', '.join(sorted(ITEMSIZE))}")
         if (not isinstance(shape, list) or len(shape) > 32
                 or not all(_whole_number(d) and d < 2 ** 62 for d in shape)):
             _refuse(path, f"tensor '{name}' has shape {str(shape)[:80]}, not a list of at most 32 non-negative "
                           f"whole numbers")
         if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_whole_number(o) for o in offsets)
                 or offsets[0] > offsets[1]):
-            _refuse(path, f"tensor '{name}' has data_offsets {str(offsets)[:80]}, not [begin, end] with 0 <= begin <= end")
+            _refuse(path, f"tensor '{name}' has data_offsets {str(offsets)[:80]}, not [begin, end] with "
+                          f"0 <= begin <= end")
         need = ITEMSIZE[dtype]
         for d in shape:
             need *= d

@@ -182,7 +182,7 @@ def verify(directory, step):
 
 # What resume reads of a checkpoint's manifest, by type (save() writes them so).
 MANIFEST_FIELDS = {"file": str, "bytes": int, "sha256": str, "step": int, "consumed_samples": int, "epoch": int}
-OPTIONAL_FIELDS = ("consumed_samples", "epoch")  # a training checkpoint has them; a converted or LoRA one may not
+OPTIONAL_FIELDS = ("epoch",)  # a training checkpoint has it; one saved by a tool may not
 
 
 def manifest_problem(manifest):
@@ -197,7 +197,7 @@ def manifest_problem(manifest):
             return f"field {key!r} is {str(v)[:40]!r}, not {'a whole number' if kind is int else 'a string'}"
     if os.path.basename(manifest["file"]) != manifest["file"] or not STEP_RE.match(manifest["file"]):
         return f"field 'file' is {manifest['file'][:60]!r}, not a checkpoint file name of this folder"
-    for key in ("config", "host"):
+    for key in ("config", "host", "rng"):
         if manifest.get(key) is not None and not isinstance(manifest[key], dict):
             return f"field {key!r} is a {type(manifest[key]).__name__}, not an object"
     return None

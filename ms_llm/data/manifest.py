@@ -84,6 +84,8 @@ def check_shape(path, manifest):
     tokenizer = manifest["tokenizer"]
     if not isinstance(tokenizer, dict) or not isinstance(tokenizer.get("kind"), str):
         bad("tokenizer", tokenizer, "an object with a \"kind\"")
+    if tokenizer["kind"] not in ("byte", *TOKENIZER_CARRIES):
+        bad("tokenizer.kind", tokenizer["kind"], f"one of byte, {', '.join(TOKENIZER_CARRIES)}")
     carried = TOKENIZER_CARRIES.get(tokenizer["kind"])  # what from_spec rebuilds the tokenizer from
     if carried and not isinstance(tokenizer.get(carried), str):
         bad(f"tokenizer.{carried}", tokenizer.get(carried), f"the {tokenizer['kind']} tokenizer's text")

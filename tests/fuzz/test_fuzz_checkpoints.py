@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from fuzzing import Property, as_test, damaged, lied, reads_or_refuses, write
+from fuzzing import Property, as_test, damaged, json_text, lied, reads_or_refuses, write
 from ms_llm.checkpoint import safetensors_io, store
 
 ARRAYS = {"wte.weight": np.arange(12, dtype=np.float32).reshape(3, 4), "ln.bias": np.ones(4, np.float32),
@@ -74,15 +74,29 @@ def read_ckpt(folder, data):
     return reads_or_refuses(lambda: store.read_tensors(path), path)
 
 
+INDEX = {"metadata": {"total_size": len(DATA)}, "weight_map": {name: "model.safetensors" for name in ARRAYS}}
+
+
+def read_index(folder, data):
+    """`convert --from-hf` on a folder whose model.safetensors.index.json is damaged."""
+    from ms_llm.interop.huggingface import read_hf_tensors
+
+    write(folder, "model.safetensors", SEED)
+    write(folder, "model.safetensors.index.json", data)
+    return reads_or_refuses(lambda: read_hf_tensors(folder), "model.safetensors.index.json")
+
+
 PROPERTIES = {
     "safetensors (ms_llm reader)": Property(LYING_HEADERS, read_safetensors),
     "safetensors (checkpoint store)": Property(LYING_HEADERS, read_safetensors_checkpoint),
     "ckpt (MindSpore load_checkpoint)": Property(damaged(CKPT), read_ckpt),
+    "safetensors index": Property(st.one_of(damaged(json_text(INDEX)), lied(INDEX).map(json_text)), read_index),
 }
 
 test_safetensors_reader = as_test(PROPERTIES["safetensors (ms_llm reader)"])
 test_safetensors_checkpoint = as_test(PROPERTIES["safetensors (checkpoint store)"])
 test_ckpt = as_test(PROPERTIES["ckpt (MindSpore load_checkpoint)"])
+test_safetensors_index = as_test(PROPERTIES["safetensors index"])
 
 
 def test_a_ckpt_whose_dims_lie_is_refused_before_mindspore_reads_it(tmp_path):

@@ -1,7 +1,6 @@
 """Config files a user hands in, damaged: an ms_llm config YAML, a MindFormers YAML (`convert
 --from-mindformers-config`) and a Hugging Face config.json (`convert --from-hf`): cut, bytes flipped, values of
 the wrong type. Each reads or is one paragraph naming the file."""
-import json
 import os
 
 import yaml

@@ -4,7 +4,6 @@ MindRecord shards as training opens them (sizes and SHA-256 checked against the 
 Each reads or is one paragraph naming the file."""
 import json
 import os
-import shutil
 
 from hypothesis import strategies as st
 

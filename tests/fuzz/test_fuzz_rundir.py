@@ -32,9 +32,19 @@ MEASURE = {"format": "ms_llm.diagnose.measure/1", "config": "config.yaml", "step
                    ("as run", [], "the run's settings", 1000.0 + rnd),
                    ("micro-batch 8", ["train.micro_batch_size=8"], "a larger micro-batch", 1400.0 + rnd))]}
 CHECKPOINT = b"not tensors, never read: the manifest's size and SHA-256 come first"
+def _rng():
+    import random
+
+    import numpy as np
+
+    state = np.random.RandomState(0).get_state()
+    return {"numpy": [state[0], state[1][:4].tolist() + [0] * 620, *state[2:]], "python": repr(random.getstate())}
+
+
 STEP_MANIFEST = {"file": "step_00000200.ckpt", "bytes": len(CHECKPOINT),
                  "sha256": __import__("hashlib").sha256(CHECKPOINT).hexdigest(), "step": 200,
-                 "consumed_samples": 3200, "epoch": 0, "config": {"model": {"vocab_size": 66}}, "host": {}}
+                 "consumed_samples": 3200, "epoch": 0, "config": {"model": {"vocab_size": 66}}, "host": {},
+                 "rng": _rng()}
 FIRST_STEP = {"outputs": [{"dtype": "float32", "shape": [], "values": [4.2]}],
               "before": [["ln_f.gamma", 64.0, 64.0]], "change": [["ln_f.gamma", 0.001, 0.002]]}
 
@@ -93,10 +103,22 @@ def read_checkpoint_manifest(folder, data):
     write(directory, "step_00000200.json", data)
 
     def resume_point():
+        import random
+
+        import numpy as np
+
+        from ms_llm.train.setup.resume import restore_host_rng
+
         step, manifest = store.newest_valid(directory, warn=lambda *_: None)
         if manifest is not None:
-            store.checkpoint_path(directory, manifest)
+            path = store.checkpoint_path(directory, manifest)
             assert isinstance(manifest["step"], int) and isinstance(manifest["consumed_samples"], int)
+            states = np.random.get_state(), random.getstate()
+            try:
+                restore_host_rng(manifest, path)
+            finally:
+                np.random.set_state(states[0])
+                random.setstate(states[1])
 
     return reads_or_refuses(resume_point, "step_00000200.json")
 
@@ -167,3 +189,15 @@ def test_a_metrics_line_of_the_wrong_types_is_skipped_and_counted(tmp_path):
     assert loaded.bad_lines == 2
     assert len(loaded.train) + len(loaded.evals) + len(loaded.events) == len(lines) - 2
     read_run(run)
+
+
+def test_a_loss_that_flat_lines_at_zero_is_diagnosed(tmp_path):
+    """Found by benchmarks/fuzz_readers.py: losses of 0 after a flat stretch, then a jump, divided by a zero noise
+    scale in the spike rule (ZeroDivisionError)."""
+    out = []
+    for line in seed("metrics.jsonl").splitlines():
+        r = json.loads(line)
+        if "loss" in r and r["step"] > 50:
+            r["loss"] = 2.0 if r["step"] == 150 else 0.0
+        out.append(json_text(r))
+    read_run(run_with(str(tmp_path), "metrics.jsonl", b"\n".join(out) + b"\n"))

@@ -309,6 +309,8 @@ def rule_spikes(run, found, _):
         centre = statistics.median(window)
         prev = pts[i][1]
         scale = max(noise_scale(window, centre), 0.01 * prev)  # floor: a flat tail's tiny noise is no spike
+        if not prev > 0 or not scale > 0:  # a loss of 0 (or below) after a flat stretch: no relative jump to judge
+            continue
         z = (jumps[i] - centre) / scale
         s, v = pts[i + 1]
         if z > SPIKE_Z and v > (1 + SPIKE_REL) * prev:

@@ -50,9 +50,13 @@ def read_hf_tensors(path):
         try:
             with open(index, encoding="utf-8") as f:
                 files = sorted(set(json.load(f)["weight_map"].values()))
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            if not all(isinstance(f, str) and f and os.path.basename(f) == f for f in files):
+                raise ValueError("a shard in weight_map is not a file name of the folder")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as e:
             raise UserError(f"'{index}' cannot be read as a safetensors index ({type(e).__name__}: {e}); it needs a "
                             f"\"weight_map\" of tensor names to shard files. Download it again.") from None
+        if not files:
+            raise UserError(f"'{index}' has an empty \"weight_map\": it names no shard files. Download it again.")
         missing = [f for f in files if not os.path.isfile(os.path.join(path, f))]
         if missing:
             raise UserError(f"'{index}' names {len(files)} shard(s), and {len(missing)} of them are not in '{path}': "

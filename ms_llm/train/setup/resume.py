@@ -53,11 +53,24 @@ def resume_from(s, checkpoint, weights_only, log):
     ckpt_state.restore(s, store.read_tensors(path), path, weights_only, warn=log)
     step = manifest["step"]
     if not weights_only:
-        ckpt_state.restore_host_rng(manifest)
+        restore_host_rng(manifest, path)
     s.data.seek(manifest["consumed_samples"])
     log(f"resumed from {path}: step {step}, {manifest['consumed_samples']:,} samples consumed "
-        f"(epoch {manifest['epoch']})")
+        f"(epoch {manifest.get('epoch', '?')})")
     return step, manifest.get("host") or {}
+
+
+def restore_host_rng(manifest, path):
+    """The host's random generators as checkpoint `path` recorded them; a state that cannot be restored (an edited
+    or damaged manifest) is one paragraph naming the manifest."""
+    try:
+        ckpt_state.restore_host_rng(manifest)
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError, SyntaxError, MemoryError, RecursionError) as e:
+        manifest_path = os.path.splitext(path)[0] + ".json"
+        raise UserError(f"checkpoint manifest '{manifest_path}' holds a random-number state that cannot be restored "
+                        f"({type(e).__name__}: {str(e)[:120]}): the file was edited or damaged. Resume from an "
+                        f"earlier checkpoint (remove this one), or pass --weights-only to restart the optimizer and "
+                        f"generators from the weights.") from None
 
 
 def load_initial_weights(s, path, log):
