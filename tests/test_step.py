@@ -10,7 +10,7 @@ from ms_llm.config import load_config
 from ms_llm.train.lr_schedule import lr_at, lr_table
 from ms_llm.train.optimizer import AdamW
 from ms_llm.train.losses import PipelineLoss, TokenLoss
-from ms_llm.train.step import PipelineTrainStep, TrainStep
+from ms_llm.train.step import PipelineTrainStep, StepSpec, TrainStep
 from model_zoo import build_model
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -25,10 +25,10 @@ def make_step(*overrides, accum=1, seed=0, pipeline_micro=0):
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
     if pipeline_micro:
-        step = PipelineTrainStep(model, opt, PipelineLoss(model, pipeline_micro), cfg.precision, t.clip_grad,
-                                 pipeline_micro, lr_table(t))
+        step = PipelineTrainStep(opt, PipelineLoss(model, pipeline_micro), StepSpec(cfg.precision, t.clip_grad,
+                                 lr_table(t)), pipeline_micro)
     else:
-        step = TrainStep(model, opt, TokenLoss(model, accum), cfg.precision, t.clip_grad, accum, 1, lr_table(t))
+        step = TrainStep(opt, TokenLoss(model, accum), StepSpec(cfg.precision, t.clip_grad, lr_table(t), accum=accum))
     model.set_train(True)
     return model, step
 
@@ -210,8 +210,8 @@ def test_anomaly_guard_skips_a_spiking_update_without_touching_the_weights():
     model = build_model(cfg.model)
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    step = TrainStep(model, opt, TokenLoss(model, 1), cfg.precision, t.clip_grad, 1, 1, lr_table(t),
-                     AnomalyConfig(zscore=3.0, window=5))
+    step = TrainStep(opt, TokenLoss(model, 1), StepSpec(cfg.precision, t.clip_grad, lr_table(t),
+                                                        AnomalyConfig(zscore=3.0, window=5)))
     model.set_train(True)
     constant = np.zeros((8, 17), np.int32)  # an easy batch: the loss and gradients settle quickly
     codes = [int(step(ms.Tensor(constant))[2].asnumpy()) for _ in range(20)]
