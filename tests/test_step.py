@@ -33,6 +33,23 @@ def make_step(*overrides, accum=1, seed=0, pipeline_micro=0):
     return model, step
 
 
+def test_a_runs_step_spec_reduces_over_the_ranks_only_where_mindspore_does_not():
+    """StepSpec.of_run: data parallelism all-reduces in the step, semi-auto parallel leaves it to MindSpore, the
+    pipeline accumulates and reduces itself; the spec is frozen."""
+    from types import SimpleNamespace
+
+    cfg = load_config(None, ["model.preset=tiny-gpt2", f"model.vocab_size={VOCAB}", "train.max_steps=10"])
+    model = SimpleNamespace()  # no dropout key
+    plain = StepSpec.of_run(cfg, SimpleNamespace(pp=1, semi_auto=False, accumulation=3), 4, model, "kernels")
+    assert (plain.accum, plain.dp, plain.backend, plain.dropout_key, len(plain.lr_table)) == (3, 4, "kernels", None, 10)
+    semi = StepSpec.of_run(cfg, SimpleNamespace(pp=1, semi_auto=True, accumulation=3), 4, model, "kernels")
+    assert (semi.accum, semi.dp) == (3, 1)
+    piped = StepSpec.of_run(cfg, SimpleNamespace(pp=2, semi_auto=True, accumulation=3), 4, model, "kernels")
+    assert (piped.accum, piped.dp) == (1, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plain.dp = 2
+
+
 def batch(n, seed=0, seq=16):
     return np.random.default_rng(seed).integers(0, VOCAB, (n, seq + 1)).astype(np.int32)
 
