@@ -12,6 +12,18 @@ from ms_llm.train import compile_cache
 from ms_llm.train.setup.context import all_ranks_ok, release_freed_host_memory
 
 
+def uses_compile_cache(s, wanted=True):
+    """Whether the step of session `s` compiles through the compile cache: `wanted`, on in the config, graph mode,
+    and a process MindSpore's cache can run in (else a note says why not)."""
+    ctx = s.cfg.context
+    if not (wanted and ctx.compile_cache and ctx.mode == "graph"):
+        return False
+    why_not = compile_cache.unusable_reason()
+    if why_not:  # (select_device switched MindSpore's cache off already)
+        s.log(f"note: compile cache off: {why_not}")
+    return why_not is None
+
+
 def compile_step(s, probe, first_step, use_cache):
     """Compile the step cells of session `s` for `probe` (their inputs), then take the first step: `first_step()`,
     which runs the compiled cells on the step's inputs. Returns that step's output."""

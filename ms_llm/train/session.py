@@ -3,8 +3,9 @@
 `open_session` does all checks that can refuse a run (config × world size, dataset × model) before it
 builds anything; the trainer, the benchmark and the debugging tools all start from it, and step through a
 `StepRunner` (ms_llm/train/step_runner.py; its first step compiles or loads the graphs and checks them:
-ms_llm/train/compile_step.py). The session holds the resolved config (`ms_llm.train.setup.resolve`: data-parallel size, vocabulary and strategy directory filled
-in, and the parallel layout), a new object: the config the caller loaded is left as it was.
+ms_llm/train/compile_step.py). The session holds the resolved config (`ms_llm.train.setup.resolve`: data-parallel
+size, vocabulary and strategy directory filled in, and the parallel layout), a new object: the config the caller
+loaded is left as it was.
 """
 from dataclasses import dataclass
 from typing import Any, Callable, List, NamedTuple

@@ -6,8 +6,7 @@ ms_llm/train/compile_step.py (which owns every recompile); after it, a step is o
 """
 import time
 
-from ms_llm.train import compile_cache
-from ms_llm.train.compile_step import compile_step
+from ms_llm.train.compile_step import compile_step, uses_compile_cache
 from ms_llm.train.setup.context import release_freed_host_memory
 from ms_llm.train.session import StepOutput
 
@@ -17,13 +16,7 @@ class StepRunner:
         self.s = session
         self.compiled = False
         self.compile_s = None  # seconds the first step took: compiling or loading its graphs, checks, the step
-        cfg = session.cfg
-        self.use_cache = use_compile_cache and cfg.context.compile_cache and cfg.context.mode == "graph"
-        if self.use_cache:
-            why_not = compile_cache.unusable_reason()
-            if why_not:  # (select_device switched MindSpore's cache off already)
-                session.log(f"note: compile cache off: {why_not}")
-                self.use_cache = False
+        self.use_cache = uses_compile_cache(session, use_compile_cache)
 
     def step(self, batches=None):
         """One optimizer step on the next micro-batches (or on `batches`)."""
