@@ -1,8 +1,10 @@
 """The training loop: config → layout → run plan → session → steps, logs, evals, checkpoints.
 
-Read `run()` top to bottom: it is the whole story. The helpers below it do one thing each; the per-step
-extras (profiler window, NaN watch, tensor statistics, anomaly rollback, report, telemetry) are hooks the
-caller hands in (ms_llm.train.loop.hooks).
+Read `run()` top to bottom: it is the whole story, one loop body for every step. What is due on which step is
+ms_llm.train.loop.cadence's, every early stop (a signal, train.stop_at_step, a hook's stop_reason, a run whose
+updates are all skipped) ms_llm.train.loop.stop's. The helpers below it do one thing each; the per-step extras
+(profiler window, NaN watch, tensor statistics, anomaly rollback, report, telemetry) are hooks the caller hands in
+(ms_llm.train.loop.hooks).
 """
 import os
 import shutil
@@ -99,6 +101,33 @@ def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_o
         close_run(trun, hooks, finished)
 
 
+def open_run(cfg, run_dir, resume, weights_only, config_path, echo):
+    """Everything before the first step: the launch checked, the context set up, the run planned, the dataset
+    prepared, the session opened (resumed, or started from loaded weights), the run directory written.
+    Returns (session, plan, step runner, first step, the checkpoint's host state, log)."""
+    # A config the launch cannot run is refused by every rank at once (and by msrun's scheduler process), before
+    # any of them waits for another.
+    check_launch(cfg, launch_world_size(), select_device(cfg.context))
+    rt = setup_context(cfg.context)
+    log = RunLog(echo, rt.rank)
+    plan = plan_run(cfg, rt, run_dir, resume, weights_only, config_path, log)
+    prepare_dataset(cfg, rt, log)
+    # from here on s.cfg: the config as run
+    s = open_session(cfg, log, rt=rt, strategy_dir=plan.strategy_dir, fresh_start=plan.fresh_start)
+    start, host = 0, {}
+    if plan.resume:
+        start, host = resume_from(s, plan.checkpoint, weights_only, log)
+    elif plan.load_weights:
+        load_initial_weights(s, plan.load_weights, log)
+    s.loss.prepare(s, log, resumed=plan.resume)  # e.g. the preference loss's reference log-probs
+    runner = StepRunner(s)
+    if rt.is_main:
+        write_run_dir(plan, s.cfg, rt, start, s.manifest)
+    log.open_files(plan.run_dir)
+    log(f"run directory: {plan.run_dir}" + (f" (resuming at step {start})" if plan.resume else ""))
+    return s, plan, runner, start, host, log
+
+
 def open_records(s, plan, start, host, entered, log):
     """What the loop writes through: the metrics writer (in the run), the checkpoint saver, the interval meter (its
     counts carried over from the checkpoint resumed, its startup time from `entered`)."""
@@ -125,33 +154,6 @@ def close_run(trun, hooks, finished):
     trun.writer.close()
     trun.log.close()
     compile_cache.close()
-
-
-def open_run(cfg, run_dir, resume, weights_only, config_path, echo):
-    """Everything before the first step: the launch checked, the context set up, the run planned, the dataset
-    prepared, the session opened (resumed, or started from loaded weights), the run directory written.
-    Returns (session, plan, step runner, first step, the checkpoint's host state, log)."""
-    # A config the launch cannot run is refused by every rank at once (and by msrun's scheduler process), before
-    # any of them waits for another.
-    check_launch(cfg, launch_world_size(), select_device(cfg.context))
-    rt = setup_context(cfg.context)
-    log = RunLog(echo, rt.rank)
-    plan = plan_run(cfg, rt, run_dir, resume, weights_only, config_path, log)
-    prepare_dataset(cfg, rt, log)
-    # from here on s.cfg: the config as run
-    s = open_session(cfg, log, rt=rt, strategy_dir=plan.strategy_dir, fresh_start=plan.fresh_start)
-    start, host = 0, {}
-    if plan.resume:
-        start, host = resume_from(s, plan.checkpoint, weights_only, log)
-    elif plan.load_weights:
-        load_initial_weights(s, plan.load_weights, log)
-    s.loss.prepare(s, log, resumed=plan.resume)  # e.g. the preference loss's reference log-probs
-    runner = StepRunner(s)
-    if rt.is_main:
-        write_run_dir(plan, s.cfg, rt, start, s.manifest)
-    log.open_files(plan.run_dir)
-    log(f"run directory: {plan.run_dir}" + (f" (resuming at step {start})" if plan.resume else ""))
-    return s, plan, runner, start, host, log
 
 
 # --- the run directory ------------------------------------------------------------------------------------
