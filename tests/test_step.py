@@ -10,7 +10,7 @@ from ms_llm.config import load_config
 from ms_llm.train.lr_schedule import lr_at, lr_table
 from ms_llm.train.optimizer import AdamW
 from ms_llm.train.losses import PipelineLoss, TokenLoss
-from ms_llm.train.step import PipelineTrainStep, StepSpec, TrainStep
+from ms_llm.train.step import AnomalyGuard, PipelineTrainStep, StepSpec, TrainStep
 from model_zoo import build_model
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -48,6 +48,10 @@ def test_a_runs_step_spec_reduces_over_the_ranks_only_where_mindspore_does_not()
     assert (piped.accum, piped.dp) == (1, 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         plain.dp = 2
+    guarded = load_config(None, ["model.preset=tiny-gpt2", "train.max_steps=10", "train.anomaly.zscore=4.5",
+                                 "train.anomaly.window=7"])
+    spec = StepSpec.of_run(guarded, SimpleNamespace(pp=1, semi_auto=False, accumulation=1), 1, model, "kernels")
+    assert plain.anomaly is None and spec.anomaly == AnomalyGuard(zscore=4.5, window=7)
 
 
 def batch(n, seed=0, seq=16):
@@ -219,8 +223,6 @@ def test_tiny_model_overfits_one_batch():
 
 @pytest.mark.slow  # compiles training steps
 def test_anomaly_guard_skips_a_spiking_update_without_touching_the_weights():
-    from ms_llm.config.schema import AnomalyConfig
-
     cfg = load_config(None, ["model.preset=tiny-gpt2", f"model.vocab_size={VOCAB}", "model.seq_length=16",
                              "train.max_steps=100", "train.warmup_steps=0", "train.lr=1e-2"])
     ms.set_seed(0)
@@ -228,7 +230,7 @@ def test_anomaly_guard_skips_a_spiking_update_without_touching_the_weights():
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
     step = TrainStep(opt, TokenLoss(model, 1), StepSpec(cfg.precision, t.clip_grad, lr_table(t),
-                                                        AnomalyConfig(zscore=3.0, window=5)))
+                                                        AnomalyGuard(zscore=3.0, window=5)))
     model.set_train(True)
     constant = np.zeros((8, 17), np.int32)  # an easy batch: the loss and gradients settle quickly
     codes = [int(step(ms.Tensor(constant))[2].asnumpy()) for _ in range(20)]

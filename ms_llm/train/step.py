@@ -22,7 +22,7 @@ optimizer (precision, clipping, the anomaly guard, accumulation, data parallelis
 from the run's config and layout in `StepSpec.of_run`.
 """
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, nn, ops
@@ -32,12 +32,18 @@ from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.dropout import KEY_NAME
 
 
+class AnomalyGuard(NamedTuple):
+    """What the in-graph anomaly guard of train.anomaly uses (its rollback settings are the trainer hook's)."""
+    zscore: float  # standard deviations above the running mean that make a step a spike
+    window: int  # accepted steps the running statistics span, and must have seen before the guard acts
+
+
 @dataclass(frozen=True, eq=False)
 class StepSpec:
     precision: Any  # cfg.precision: the loss scale (none, static or dynamic) and its schedule
     clip_grad: float  # global gradient norm to clip to; 0: no clipping
     lr_table: Any  # the learning rate of every step (ms_llm.train.lr_schedule.lr_table)
-    anomaly: Any = None  # train.anomaly: the guard's zscore and window; None: no guard
+    anomaly: Any = None  # AnomalyGuard; None: no guard
     accum: int = 1  # micro-batches per step on this rank
     dp: int = 1  # ranks whose gradients the step all-reduces itself (1 under semi-auto parallel: MindSpore does)
     dropout_key: Any = None  # the model's dropout key (ms_llm/nn/dropout.py), or None: a model without dropout
@@ -52,7 +58,8 @@ class StepSpec:
 
         t = cfg.train
         pipelined = parallel.pp > 1
-        return cls(cfg.precision, t.clip_grad, lr_table(t), t.anomaly,
+        guard = AnomalyGuard(t.anomaly.zscore, t.anomaly.window) if t.anomaly is not None else None
+        return cls(cfg.precision, t.clip_grad, lr_table(t), guard,
                    accum=1 if pipelined else parallel.accumulation,
                    dp=1 if pipelined or parallel.semi_auto else world_size,
                    dropout_key=getattr(model, KEY_NAME, None), backend=PORTABLE if pipelined else backend)
