@@ -65,7 +65,7 @@ def step(E, batches, accum, dp):
     from ms_llm.config import load_config
     from ms_llm.train.losses import MaskedLoss
     from ms_llm.train.optimizer import AdamW
-    from ms_llm.train.step import TrainStep
+    from ms_llm.train.step import StepSpec, TrainStep
 
     class Lookup(nn.Cell):
         def __init__(self):
@@ -77,8 +77,8 @@ def step(E, batches, accum, dp):
 
     model = Lookup()
     cfg = load_config(None, [])
-    train = TrainStep(model, AdamW(model.trainable_params()), MaskedLoss(model, accum, dp, with_documents=False),
-                      cfg.precision, 0.0, accum, dp, np.zeros(4, np.float32))
+    train = TrainStep(AdamW(model.trainable_params()), MaskedLoss(model, accum, dp, with_documents=False),
+                      StepSpec(cfg.precision, 0.0, np.zeros(4, np.float32), accum=accum, dp=dp))
     count = ms.Tensor(np.float32(sum(w.sum() for _, w in batches)))
     seg = ms.Tensor(np.ones((B, T + 1), np.int32))
     inputs = [(ms.Tensor(ids), ms.Tensor(w), seg, count, ms.Tensor(np.zeros_like(w))) for ids, w in batches]

@@ -10,7 +10,7 @@ from ms_llm.config import load_config
 from ms_llm.train.lr_schedule import lr_at, lr_table
 from ms_llm.train.optimizer import AdamW
 from ms_llm.train.losses import PipelineLoss, TokenLoss
-from ms_llm.train.step import PipelineTrainStep, TrainStep
+from ms_llm.train.step import AnomalyGuard, PipelineTrainStep, StepSpec, TrainStep
 from model_zoo import build_model
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -25,12 +25,33 @@ def make_step(*overrides, accum=1, seed=0, pipeline_micro=0):
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
     if pipeline_micro:
-        step = PipelineTrainStep(model, opt, PipelineLoss(model, pipeline_micro), cfg.precision, t.clip_grad,
-                                 pipeline_micro, lr_table(t))
+        step = PipelineTrainStep(opt, PipelineLoss(model, pipeline_micro), StepSpec(cfg.precision, t.clip_grad,
+                                 lr_table(t)), pipeline_micro)
     else:
-        step = TrainStep(model, opt, TokenLoss(model, accum), cfg.precision, t.clip_grad, accum, 1, lr_table(t))
+        step = TrainStep(opt, TokenLoss(model, accum), StepSpec(cfg.precision, t.clip_grad, lr_table(t), accum=accum))
     model.set_train(True)
     return model, step
+
+
+def test_a_runs_step_spec_reduces_over_the_ranks_only_where_mindspore_does_not():
+    """StepSpec.of_run: data parallelism all-reduces in the step, semi-auto parallel leaves it to MindSpore, the
+    pipeline accumulates and reduces itself; the spec is frozen."""
+    from types import SimpleNamespace
+
+    cfg = load_config(None, ["model.preset=tiny-gpt2", f"model.vocab_size={VOCAB}", "train.max_steps=10"])
+    model = SimpleNamespace()  # no dropout key
+    plain = StepSpec.of_run(cfg, SimpleNamespace(pp=1, semi_auto=False, accumulation=3), 4, model, "kernels")
+    assert (plain.accum, plain.dp, plain.backend, plain.dropout_key, len(plain.lr_table)) == (3, 4, "kernels", None, 10)
+    semi = StepSpec.of_run(cfg, SimpleNamespace(pp=1, semi_auto=True, accumulation=3), 4, model, "kernels")
+    assert (semi.accum, semi.dp) == (3, 1)
+    piped = StepSpec.of_run(cfg, SimpleNamespace(pp=2, semi_auto=True, accumulation=3), 4, model, "kernels")
+    assert (piped.accum, piped.dp) == (1, 1)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plain.dp = 2
+    guarded = load_config(None, ["model.preset=tiny-gpt2", "train.max_steps=10", "train.anomaly.zscore=4.5",
+                                 "train.anomaly.window=7"])
+    spec = StepSpec.of_run(guarded, SimpleNamespace(pp=1, semi_auto=False, accumulation=1), 1, model, "kernels")
+    assert plain.anomaly is None and spec.anomaly == AnomalyGuard(zscore=4.5, window=7)
 
 
 def batch(n, seed=0, seq=16):
@@ -202,16 +223,14 @@ def test_tiny_model_overfits_one_batch():
 
 @pytest.mark.slow  # compiles training steps
 def test_anomaly_guard_skips_a_spiking_update_without_touching_the_weights():
-    from ms_llm.config.schema import AnomalyConfig
-
     cfg = load_config(None, ["model.preset=tiny-gpt2", f"model.vocab_size={VOCAB}", "model.seq_length=16",
                              "train.max_steps=100", "train.warmup_steps=0", "train.lr=1e-2"])
     ms.set_seed(0)
     model = build_model(cfg.model)
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    step = TrainStep(model, opt, TokenLoss(model, 1), cfg.precision, t.clip_grad, 1, 1, lr_table(t),
-                     AnomalyConfig(zscore=3.0, window=5))
+    step = TrainStep(opt, TokenLoss(model, 1), StepSpec(cfg.precision, t.clip_grad, lr_table(t),
+                                                        AnomalyGuard(zscore=3.0, window=5)))
     model.set_train(True)
     constant = np.zeros((8, 17), np.int32)  # an easy batch: the loss and gradients settle quickly
     codes = [int(step(ms.Tensor(constant))[2].asnumpy()) for _ in range(20)]

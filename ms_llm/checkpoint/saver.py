@@ -30,7 +30,7 @@ class CheckpointSaver:
             self.mirror = RemoteMirror(self.remote, ckpt_cfg.uploader, ckpt_cfg.remote_endpoint,
                                        ckpt_cfg.upload_budget_s, log, events)
         self._thread = None
-        self._error = None
+        self.error = None  # a background save's exception, until it is raised in the training thread
         self.last_path = None
 
     def save(self, step, arrays, meta):
@@ -49,7 +49,7 @@ class CheckpointSaver:
             self.upload(step)
             self.prune()
         except Exception as e:  # surfaced in the training thread by wait()
-            self._error = e
+            self.error = e
 
     def prune(self):
         if self.cfg.keep_last:
@@ -74,8 +74,9 @@ class CheckpointSaver:
         self.prune()  # what waited for its upload may go now
 
     def check(self):
-        """Raise the error of a background save that failed (called every step: training stops at the next step)."""
-        if self._error is not None and (self._thread is None or not self._thread.is_alive()):
+        """Raise the error of a background save that failed (the loop calls it once `error` is set: training stops at
+        the next step)."""
+        if self.error is not None and (self._thread is None or not self._thread.is_alive()):
             self.wait()
 
     def wait(self):
@@ -85,8 +86,8 @@ class CheckpointSaver:
         self._raise()
 
     def _raise(self):
-        if self._error is not None:
-            error, self._error = self._error, None
+        if self.error is not None:
+            error, self.error = self.error, None
             raise error
 
     def close(self):

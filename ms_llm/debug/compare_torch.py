@@ -195,7 +195,8 @@ def run_ms_llm(cfg, arrays, batch, target):
     from ms_llm.nn import backend as nn_backend
     from ms_llm.train.losses import TokenLoss
     from ms_llm.train.optimizer import AdamW
-    from ms_llm.train.step import TrainStep
+    from ms_llm.nn.dropout import KEY_NAME
+    from ms_llm.train.step import StepSpec, TrainStep
 
     p, t = cfg.precision, cfg.train
     backend = nn_backend.for_device(target, cfg.context.cpu_kernels)
@@ -210,8 +211,9 @@ def run_ms_llm(cfg, arrays, batch, target):
         forward.setdefault(name, arr)
     params = model.trainable_params()
     before = {q.name: q.asnumpy().copy() for q in params}
-    step = TrainStep(model, AdamW(params, t.beta1, t.beta2, t.eps, t.weight_decay), TokenLoss(model, 2), p,
-                     t.clip_grad, 2, 1, np.array([t.lr], np.float32), None, backend)
+    step = TrainStep(AdamW(params, t.beta1, t.beta2, t.eps, t.weight_decay), TokenLoss(model, 2),
+                     StepSpec(p, t.clip_grad, np.array([t.lr], np.float32), accum=2,
+                              dropout_key=getattr(model, KEY_NAME, None), backend=backend))
     scale = float(step.state.loss_scale.asnumpy())
     loss = float(step.accumulate(ids).asnumpy())
     grads = {q.name: b.asnumpy() * np.float32(2 / scale) for q, b in zip(params, step.state.grad_buffers)}

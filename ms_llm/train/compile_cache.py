@@ -16,7 +16,7 @@ A hit turns a 13 s compile (24-layer quickstart on CPU) into 1.5 s; on Ascend, w
 minutes, it is what makes a restart cheap.
 
 Only the step's own graphs are cached: the cache is switched on just before they compile and off right after
-(`StepRunner`). MindSpore numbers cached graphs in compile order (compile_cache_0, _1, ...), so a graph compiled
+(ms_llm/train/compile_step.py). MindSpore numbers cached graphs in compile order (compile_cache_0, _1, ...), so a graph compiled
 while the cache was on for another reason (the tensor-statistics probe before the first step, say) would be handed to
 the next run as its step.
 

@@ -2,9 +2,10 @@
 
 `open_session` does all checks that can refuse a run (config × world size, dataset × model) before it
 builds anything; the trainer, the benchmark and the debugging tools all start from it, and step through a
-`StepRunner` (ms_llm/train/step_runner.py: the first step compiles or loads the graphs and checks them). The session
-holds the resolved config (`ms_llm.train.setup.resolve`: data-parallel size, vocabulary and strategy directory filled
-in, and the parallel layout), a new object: the config the caller loaded is left as it was.
+`StepRunner` (ms_llm/train/step_runner.py; its first step compiles or loads the graphs and checks them:
+ms_llm/train/compile_step.py). The session holds the resolved config (`ms_llm.train.setup.resolve`: data-parallel
+size, vocabulary and strategy directory filled in, and the parallel layout), a new object: the config the caller
+loaded is left as it was.
 """
 from dataclasses import dataclass
 from typing import Any, Callable, List, NamedTuple
@@ -114,9 +115,10 @@ class Session:
                 p.set_data(state[p.name].copy())
 
 
-def open_session(cfg, echo=print, purpose="train", rt=None, strategy_dir=None):
+def open_session(cfg, echo=print, purpose="train", rt=None, strategy_dir=None, fresh_start=True):
     """Check, resolve, then build. `rt`: an already set-up runtime (the caller then ran `check_launch` before
-    setting it up); `strategy_dir`: where semi-auto parallel writes its strategy files."""
+    setting it up); `strategy_dir`: where semi-auto parallel writes its strategy files; `fresh_start`: the step will
+    start from the config's own initialisation (False: the caller resumes or loads weights into it)."""
     if rt is None:  # refused before the rendezvous: every rank of a launch refuses at once
         check_launch(cfg, launch_world_size(), select_device(cfg.context))
         rt = setup_context(cfg.context)
@@ -124,7 +126,7 @@ def open_session(cfg, echo=print, purpose="train", rt=None, strategy_dir=None):
     log = echo if rt.is_main or echo is not print else (lambda msg: print(f"[rank {rt.rank}] {msg}", flush=True))
     manifest = dataset_manifest(cfg)
     resolved = resolve(cfg, rt.world_size, rt.device_target, manifest, strategy_dir)
-    return build_session(resolved, rt, log, manifest, purpose)
+    return build_session(resolved, rt, log, manifest, purpose, fresh_start)
 
 
 def ms_seed(seed):
@@ -144,48 +146,43 @@ def build_step(resolved, rt, manifest, backend, log):
     from model_zoo import build_model
     from ms_llm.train.setup import finetune
     from ms_llm.train import losses
-    from ms_llm.train.lr_schedule import lr_table
     from ms_llm.train.optimizer import AdamW
-    from ms_llm.train.step import TrainStep
+    from ms_llm.train.step import StepSpec, TrainStep
 
     cfg, parallel = resolved.cfg, resolved.parallel
     t = cfg.train
     model = build_model(cfg.model, cfg.precision.compute_dtype, backend)
     ft = finetune.prepare(cfg, manifest, model, log)  # LoRA (before the optimizer sees the trainable parameters)
-    apply_plan(model, parallel, parallel.semi_auto, log)
+    apply_plan(model, parallel, log)
     seed_dropout(model, t.seed, parallel.data_rank(rt.rank), parallel.dp)
     optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    dp_reduce = 1 if parallel.semi_auto else rt.world_size  # semi-auto parallel inserts the reduction itself
-    loss = losses.choose(cfg, parallel, manifest, model, backend, dp_reduce)
+    spec = StepSpec.of_run(cfg, parallel, rt.world_size, model, backend)
+    loss = losses.choose(cfg, parallel, manifest, model, backend, spec.dp)
     if t.loss_chunk_tokens and parallel.semi_auto:
         log(f"note: train.loss_chunk_tokens = {t.loss_chunk_tokens} is not used under semi-auto parallel (the layout "
             f"shards the LM head's matmul); the loss takes the whole logits")
     if parallel.pp > 1:  # one call per step: the pipeline takes all micro-batches at once and slices them itself
-        step_fn = pipeline_step(model, optimizer, loss, cfg, parallel)
+        step_fn = pipeline_step(model, optimizer, loss, spec, parallel)
     else:
-        step_fn = TrainStep(model, optimizer, loss, cfg.precision, t.clip_grad, parallel.accumulation, dp_reduce,
-                            lr_table(t), t.anomaly, backend)
+        step_fn = TrainStep(optimizer, loss, spec)
     return model, step_fn, ft
 
 
-def pipeline_step(model, optimizer, loss, cfg, parallel):
+def pipeline_step(model, optimizer, loss, spec, parallel):
     """The pipelined step: MindSpore's Pipeline wrapper and PipelineGradReducer (Ascend), the loss (a PipelineLoss)
     placed on the last stage."""
     from mindspore.parallel.nn import PipelineGradReducer
 
     from ms_llm.parallel.apply import assign_stages
-    from ms_llm.train.lr_schedule import lr_table
     from ms_llm.train.step import PipelineTrainStep
 
-    t = cfg.train
     reducer = PipelineGradReducer(optimizer.params, opt_shard=parallel.optimizer_shard)
-    step_fn = PipelineTrainStep(model, optimizer, loss, cfg.precision, t.clip_grad, parallel.micro_batch_num,
-                                lr_table(t), t.anomaly, reducer=reducer)
+    step_fn = PipelineTrainStep(optimizer, loss, spec, parallel.micro_batch_num, reducer=reducer)
     assign_stages(model, parallel, loss=step_fn.loss_cell)
     return step_fn
 
 
-def build_session(resolved, rt, log, manifest, purpose):
+def build_session(resolved, rt, log, manifest, purpose, fresh_start=True):
     """The session of a resolved config: model, optimizer, step, data readers."""
     from model_zoo import count_params
     from ms_llm.nn import backend as nn_backend
@@ -224,7 +221,7 @@ def build_session(resolved, rt, log, manifest, purpose):
     s = Session(resolved, rt, log, manifest, purpose, accum, model, step_fn, step_fn.loss, data, val, n_params,
                 flops_per_token(count_params(model, exclude_positions=True) - inactive, m.num_layers,
                                 m.num_heads * head_dim(m), m.seq_length),  # attention: heads × head_dim wide
-                peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, backend, finetune=ft)
+                peak_tflops(rt.device_target, cfg.monitor.peak_tflops) * 1e12, backend, fresh_start, ft)
     moe = (f", {n_params - inactive:,} active per token ({len(moe_layers(m))} MoE layers, top-{m.moe.top_k} of "
            f"{m.moe.num_experts} experts, {'dropless' if m.moe.capacity_factor is None else 'capacity factor ' + str(m.moe.capacity_factor)})"
            if m.moe is not None else "")
@@ -239,10 +236,10 @@ def build_session(resolved, rt, log, manifest, purpose):
     return s
 
 
-def apply_plan(model, parallel, semi_auto, log):
+def apply_plan(model, parallel, log):
     from ms_llm.parallel.apply import apply_recompute, shard_model
 
-    if semi_auto:  # pipeline stages are assigned with the pipelined step, which owns the loss cell
+    if parallel.semi_auto:  # pipeline stages are assigned with the pipelined step, which owns the loss cell
         applied = shard_model(model, parallel)
         log(f"parallel: {len(applied)} primitives sharded; " + parallel.table().splitlines()[0])
     apply_recompute(model, parallel)

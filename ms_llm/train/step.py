@@ -17,14 +17,52 @@ The third output says what happened to the update: 0 applied, 1 skipped (non-fin
 2 skipped by the anomaly guard.
 
 Micro-batches before the last only accumulate (`AccumulateStep`); the last one also updates
-(`TrainStep`), so with accum == 1 a step is a single compiled call.
+(`TrainStep`), so with accum == 1 a step is a single compiled call. What the step does besides the forward and the
+optimizer (precision, clipping, the anomaly guard, accumulation, data parallelism, dropout) is one `StepSpec`, built
+from the run's config and layout in `StepSpec.of_run`.
 """
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
 import mindspore as ms
 from mindspore import Parameter, ParameterTuple, nn, ops
 from mindspore.common.initializer import initializer
 
 from ms_llm.nn.backend import PORTABLE
 from ms_llm.nn.dropout import KEY_NAME
+
+
+class AnomalyGuard(NamedTuple):
+    """What the in-graph anomaly guard of train.anomaly uses (its rollback settings are the trainer hook's)."""
+    zscore: float  # standard deviations above the running mean that make a step a spike
+    window: int  # accepted steps the running statistics span, and must have seen before the guard acts
+
+
+@dataclass(frozen=True, eq=False)
+class StepSpec:
+    precision: Any  # cfg.precision: the loss scale (none, static or dynamic) and its schedule
+    clip_grad: float  # global gradient norm to clip to; 0: no clipping
+    lr_table: Any  # the learning rate of every step (ms_llm.train.lr_schedule.lr_table)
+    anomaly: Any = None  # AnomalyGuard; None: no guard
+    accum: int = 1  # micro-batches per step on this rank
+    dp: int = 1  # ranks whose gradients the step all-reduces itself (1 under semi-auto parallel: MindSpore does)
+    dropout_key: Any = None  # the model's dropout key (ms_llm/nn/dropout.py), or None: a model without dropout
+    backend: Any = PORTABLE  # ms_llm.nn.backend.Backend: the fused kernels (the sum of squares of the grad norm)
+
+    @classmethod
+    def of_run(cls, cfg, parallel, world_size, model, backend):
+        """The step of a run: its config, its parallel layout (`parallel`, ms_llm.parallel.layout.ParallelPlan),
+        its world size and the model built for it. The pipelined step takes all micro-batches in one call and its
+        reduction is the pipeline's, so it neither accumulates nor all-reduces itself."""
+        from ms_llm.train.lr_schedule import lr_table
+
+        t = cfg.train
+        pipelined = parallel.pp > 1
+        guard = AnomalyGuard(t.anomaly.zscore, t.anomaly.window) if t.anomaly is not None else None
+        return cls(cfg.precision, t.clip_grad, lr_table(t), guard,
+                   accum=1 if pipelined else parallel.accumulation,
+                   dp=1 if pipelined or parallel.semi_auto else world_size,
+                   dropout_key=getattr(model, KEY_NAME, None), backend=PORTABLE if pipelined else backend)
 
 
 def sum_of_squares(x, fused_op=None):
@@ -42,8 +80,9 @@ class StepState(nn.Cell):
     """Everything the step owns besides the model and optimizer: loss scale, counters, grad buffers, the sums of the
     loss's aux outputs."""
 
-    def __init__(self, params, precision, accum, lr_table, aux_shapes=(), dropout_key=None):
+    def __init__(self, params, spec, aux_shapes=()):
         super().__init__(auto_prefix=False)
+        precision, accum = spec.precision, spec.accum
         self.lr_scale = Parameter(initializer(1.0, (), ms.float32), name="lr_scale")  # lowered by rollbacks
         self.anomaly_count = Parameter(initializer(0, (), ms.int32), name="anomaly_count")
         self.anomaly_stats = Parameter(initializer(0, (4,), ms.float32), name="anomaly_stats")  # EMA mean/var x2
@@ -53,7 +92,7 @@ class StepState(nn.Cell):
         self.global_step = Parameter(initializer(0, (), ms.int32), name="global_step")
         self.accum_loss = Parameter(initializer(0, (), ms.float32), name="accum_loss")
         self.grad_buffers = params.clone(prefix="grad_accum", init="zeros") if accum > 1 else None
-        self.lr_table = ms.Tensor(lr_table)
+        self.lr_table = ms.Tensor(spec.lr_table)
         # the loss's aux outputs (a mixture of experts' router statistics) summed over the micro-batches since the
         # host last read them (once per log interval: train/loop/router_stats.py)
         self.aux_sums = ParameterTuple([Parameter(initializer(0, shape, ms.float32), name=name, requires_grad=False)
@@ -61,15 +100,16 @@ class StepState(nn.Cell):
         self.has_aux = len(aux_shapes) > 0
         # dropout: the model's key (seed, step, micro-batch, rank, dp) gets this step's and micro-batch's numbers
         # before each forward, so that a mask is a function of them (ms_llm/nn/dropout.py)
-        self.has_dropout = dropout_key is not None
+        self.has_dropout = spec.dropout_key is not None
         self.micro = Parameter(initializer(0, (), ms.int32), name="micro_batch", requires_grad=False) \
             if self.has_dropout else None
 
-    def key_dropout(self, dropout_key):
-        """Write (global step, micro-batch) into the model's dropout key; returns the next micro-batch number."""
+    def key_dropout(self, dropout_key, last):
+        """Write (global step, micro-batch) into the model's dropout key before a micro-batch's forward, and count
+        the micro-batch: the step's `last` one starts the next step at micro-batch 0."""
         now = ops.stack([self.global_step.value(), self.micro.value()])
         ops.assign(dropout_key, ops.concat([dropout_key[0:1], now, dropout_key[3:]]))
-        return self.micro + 1
+        ops.assign(self.micro, ops.zeros((), ms.int32) if last else self.micro + 1)
 
     def add_aux(self, aux):
         for total, x in zip(self.aux_sums, aux):
@@ -92,7 +132,7 @@ class AccumulateStep(nn.Cell):
     def construct(self, *inputs):
         st = self.state
         if st.has_dropout:
-            ops.assign(st.micro, st.key_dropout(self.dropout_key))
+            st.key_dropout(self.dropout_key, last=False)
         out, grads = self.grad_fn(st.loss_scale.value() / self.accum, *inputs)
         loss = out[1]
         self.hyper_map(ops.assign_add, st.grad_buffers, grads)
@@ -106,9 +146,9 @@ class TrainStep(nn.Cell):
     """The last micro-batch of a step plus the update. Returns (loss, grad_norm, code, loss_scale); code: 0 applied,
     1 skipped (non-finite), 2 skipped by the anomaly guard. `loss`: the run's loss cell (ms_llm/train/losses)."""
 
-    def __init__(self, model, optimizer, loss, precision, clip_grad, accum=1, dp=1, lr_table=None, anomaly=None,
-                 backend=PORTABLE):
+    def __init__(self, optimizer, loss, spec):
         super().__init__(auto_prefix=False)
+        anomaly, precision, accum, dp = spec.anomaly, spec.precision, spec.accum, spec.dp
         self.guard = anomaly is not None
         if self.guard:
             self.zscore, self.window = anomaly.zscore, anomaly.window
@@ -117,17 +157,16 @@ class TrainStep(nn.Cell):
         self.weights = optimizer.params
         self.loss = loss
         self.grad_fn = self.loss_and_grad()
-        self.dropout_key = getattr(model, KEY_NAME, None)
-        self.state = StepState(self.weights, precision, accum, lr_table, getattr(loss, "aux_shapes", ()),
-                               self.dropout_key)
+        self.dropout_key = spec.dropout_key
+        self.state = StepState(self.weights, spec, getattr(loss, "aux_shapes", ()))
         self.accumulate = AccumulateStep(loss, self.weights, self.state, accum) if accum > 1 else None
-        self.accum, self.dp, self.clip = accum, dp, clip_grad
+        self.accum, self.dp, self.clip = accum, dp, spec.clip_grad
         self.dynamic = precision.loss_scale == "dynamic"
         self.scale_window, self.scale_factor = precision.scale_window, precision.scale_factor
-        self.last_step = len(lr_table) - 1
+        self.last_step = len(spec.lr_table) - 1
         self.hyper_map = ops.HyperMap()
         self.all_reduce = ops.AllReduce() if dp > 1 else None
-        self.sum_squares = backend.kernel("sum_squares")
+        self.sum_squares = spec.backend.kernel("sum_squares")
         self.set_train(True)  # the loss and the model inside train (dropout on, the loss's gradient path)
 
     def loss_and_grad(self):
@@ -136,9 +175,8 @@ class TrainStep(nn.Cell):
     def gradients(self, scale, *inputs):
         """(mean loss of the step, gradients of loss * scale summed over its micro-batches and ranks)."""
         st = self.state
-        if st.has_dropout:  # the last micro-batch of the step; the next step starts at micro-batch 0
-            st.key_dropout(self.dropout_key)
-            ops.assign(st.micro, ops.zeros((), ms.int32))
+        if st.has_dropout:
+            st.key_dropout(self.dropout_key, last=True)
         out, grads = self.grad_fn(scale / self.accum, *inputs)
         loss = out[1]
         if st.has_aux:
@@ -218,11 +256,11 @@ class PipelineTrainStep(TrainStep):
     With `reducer=None` (a single device) the same graph is plain gradient accumulation inside one call, which
     is how the CPU tests check it against TrainStep."""
 
-    def __init__(self, model, optimizer, loss, precision, clip_grad, micro_batch_num, lr_table=None, anomaly=None,
-                 reducer=None):
+    def __init__(self, optimizer, loss, spec, micro_batch_num, reducer=None):
+        """`spec`: accum and dp 1 (the pipeline accumulates and its reducer reduces: StepSpec.of_run)."""
         from mindspore.parallel.nn import Pipeline
 
-        super().__init__(model, optimizer, loss, precision, clip_grad, 1, 1, lr_table, anomaly)
+        super().__init__(optimizer, loss, spec)
         self.pipeline = Pipeline(loss, micro_batch_num)
         self.grad_op = ops.GradOperation(get_by_list=True, sens_param=True)
         self.reducer = reducer

@@ -1,12 +1,15 @@
 """The training loop: config → layout → run plan → session → steps, logs, evals, checkpoints.
 
-Read `run()` top to bottom: it is the whole story. The helpers below it do one thing each; the per-step
-extras (profiler window, NaN watch, tensor statistics, anomaly rollback, report, telemetry) are hooks the
-caller hands in (ms_llm.train.loop.hooks).
+Read `run()` top to bottom: it is the whole story, one loop body for every step. What is due on which step is
+ms_llm.train.loop.cadence's, every early stop (a signal, train.stop_at_step, a hook's stop_reason, a run whose
+updates are all skipped) ms_llm.train.loop.stop's. The helpers below it do one thing each; the per-step extras
+(profiler window, NaN watch, tensor statistics, anomaly rollback, report, telemetry) are hooks the caller hands in
+(ms_llm.train.loop.hooks).
 """
 import os
 import shutil
 import time
+import traceback
 
 from ms_llm.checkpoint import state as ckpt_state
 from ms_llm.checkpoint.saver import CheckpointSaver
@@ -16,15 +19,14 @@ from ms_llm.errors import UserError
 from ms_llm.monitor.metrics import MetricsWriter
 from ms_llm.monitor.throughput import memory_gib, peak_memory_gib
 from ms_llm.nn.dropout import KEY_NAME as DROPOUT_KEY
-from ms_llm.parallel.layout import uses_semi_auto
 from ms_llm.train import compile_cache
 from ms_llm.rundir import writer as rd
-from ms_llm.train.setup.context import all_ranks_ok, launch_world_size, select_device, setup_context
+from ms_llm.train.setup.context import launch_world_size, select_device, setup_context
 from ms_llm.train.loop.evaluate import evaluate_session
-from ms_llm.train.loop.hooks import TrainingRun, call
+from ms_llm.train.loop.hooks import TrainingRun, call, per_step
 from ms_llm.train.lr_schedule import lr_at
 from ms_llm.train.loop.meter import IntervalMeter
-from ms_llm.train.loop.preemption import Preemption
+from ms_llm.train.loop.stop import Stop
 from ms_llm.train.setup.resume import keep_metrics_until, load_initial_weights, resume_from
 from ms_llm.train.loop.run_log import RunLog
 from ms_llm.train.setup.run_plan import plan_run
@@ -33,121 +35,125 @@ from ms_llm.train.loop.router_stats import router_stats_for
 from ms_llm.train.setup.dataset import prepare_dataset
 from ms_llm.train.session import open_session
 from ms_llm.train.step_runner import StepRunner
-from ms_llm.train.loop.skipped_steps import RunHalted, SkippedSteps
+from ms_llm.train.loop.cadence import Cadence
 from ms_llm.rundir import names
 
 
 def run(cfg, run_dir=None, resume=False, config_path=None, echo=print, weights_only=False, hooks=()):
     """Train as `cfg` says (resuming `run_dir` when asked). Returns a summary dict on every rank."""
     entered = time.time()  # the startup (setup, model, data) is accounted up to the start of training
-    # A config the launch cannot run is refused by every rank at once (and by msrun's scheduler process), before
-    # any of them waits for another.
-    check_launch(cfg, launch_world_size(), select_device(cfg.context))
-    rt = setup_context(cfg.context)
-    log = RunLog(echo, rt.rank)
-    plan = plan_run(cfg, rt, uses_semi_auto(cfg.parallel_config), run_dir, resume, weights_only, config_path, log)
-    prepare_dataset(cfg, rt, log)
-    s = open_session(cfg, log, rt=rt, strategy_dir=plan.strategy_dir)  # from here on s.cfg: the config as run
-    start, host = 0, {}
-    if plan.resume:
-        start, host = resume_from(s, plan.checkpoint, weights_only, log)
-    elif plan.load_weights:
-        load_initial_weights(s, plan.load_weights, log)
-    s.fresh_start = plan.fresh_start
-    s.loss.prepare(s, log, resumed=plan.resume)  # e.g. the preference loss's reference log-probs
-    runner = StepRunner(s)
-    t = s.cfg.train
-    if rt.is_main:
-        write_run_dir(plan, s.cfg, rt, start, s.manifest)
-    log.open_files(plan.run_dir)
-    log(f"run directory: {plan.run_dir}" + (f" (resuming at step {start})" if plan.resume else ""))
-
-    writer = MetricsWriter(plan.run_dir, rt.rank, t.max_steps, s.cfg.monitor, echo=log)
-    saver = CheckpointSaver(plan.run_dir, plan.ckpt_rank, s.cfg.checkpoint, log, events=writer.write)
-    meter = IntervalMeter(s.tokens_per_step, s.flops_per_token, s.peak_flops, rt.world_size, start, t.max_steps,
-                          t_start=writer.t_start)
-    meter.restore(host)
-    meter.startup_s = max(0.0, writer.t_start - entered)
-    skips = SkippedSteps(s.cfg.precision)
-    skips.resume(float(s.step_fn.state.loss_scale.asnumpy()))
-    trun = TrainingRun(s, plan.run_dir, writer, log, plan.ckpt_rank)
+    s, plan, runner, start, host, log = open_run(cfg, run_dir, resume, weights_only, config_path, echo)
+    t, cadence = s.cfg.train, Cadence(s.cfg.train, s.cfg.checkpoint)
+    trun, saver, meter = open_records(s, plan, start, host, entered, log)
+    stop = Stop(trun, saver, checkpoint=lambda step: save(trun, saver, step, meter))
     router = router_stats_for(s)  # MoE: router health per layer, read with each log record
     if plan.resume:
-        writer.write({"step": start, "event": "resume", "from": plan.checkpoint[0]})
+        trun.writer.write({"step": start, "event": "resume", "from": plan.checkpoint[0]})
     log.start_progress(t.max_steps, start, s.cfg.monitor.progress_bar)
     call(hooks, "start", trun)
-    val_loss, stopped, finished = None, None, False
+    val_loss, finished, stepping = None, False, per_step(hooks)
     try:
-        with Preemption(log) as preemption:
+        with stop:  # a signal from here on finishes the step, saves and returns
             for step in range(start, t.max_steps):
                 with meter.waiting():
                     batches = next_batches(s, step)
-                call(hooks, "before_step", trun, step, batches, times=meter.hook_s)
-                out = first_step(trun, runner, meter, batches, fresh=step == 0) if meter.compile_s is None else \
-                    runner.step(batches)
-                done = step + 1
+                if stepping:
+                    call(stepping, "before_step", trun, step, batches, times=meter.hook_s)
+                out = runner.step(batches)
+                done, due = step + 1, cadence.at(step + 1)
+                if meter.compile_s is None:  # this process's first step compiled (or loaded) the graphs
+                    report_compile(trun, runner, meter, out, fresh=step == 0)
                 meter.add(out, timed=done - start > 1)
-                skips.add(done, out)
-                saver.check()  # a background save that failed stops the run here
-                call(hooks, "after_step", trun, step, out, batches, times=meter.hook_s)
-                if done % min(t.log_interval, 8) == 0 or done == t.max_steps:  # a host sync every few steps
-                    halt_if_stuck(skips, done, trun, saver, meter)
-                if done % t.log_interval == 0 or done == t.max_steps:
-                    lr = lr_at(step, t) * float(s.step_fn.state.lr_scale.asnumpy())  # lowered by rollbacks
-                    record = meter.record(done, lr, memory_gib(rt.device_target))
-                    if router is not None:
-                        record.update(router.read())
-                    record.update(s.loss.log_fields())  # e.g. the share of target tokens a masked loss counts
-                    writer.write(record)
-                    with meter.paused():  # log-time work (the live diagnosis) is not step time; it times itself
+                stop.after_step(done, out)
+                if stepping:
+                    call(stepping, "after_step", trun, step, out, batches, times=meter.hook_s)
+                if due.halt_check:  # reads the update codes back: a host sync every few steps
+                    stop.halt_if_stuck(done)
+                if due.log:
+                    record = log_record(s, meter, router, step, done)
+                    trun.writer.write(record)
+                with meter.paused():  # log-time hooks (the live diagnosis), evaluation and checkpoints: not step time
+                    if due.log:
                         call(hooks, "after_log", trun, record)
-                with meter.paused():
-                    if t.eval_interval and done % t.eval_interval == 0 and done != t.max_steps:
+                    if due.eval:
                         val_loss = run_eval(trun, done, hooks)
-                    stop = stop_agreed(rt, preemption.requested or trun.stop_reason is not None) or \
-                        done == t.stop_at_step
-                    if stop or (s.cfg.checkpoint.save_interval and done % s.cfg.checkpoint.save_interval == 0
-                                and done != t.max_steps):
+                    if stop.due(done) or due.save:
                         save(trun, saver, done, meter)
                 log.progress(done, t.max_steps, step_s=meter.step_s())
-                if stop:
-                    stopped = done
-                    if trun.stop_reason is not None and not preemption.requested:  # a hook's (train.stop_on)
-                        writer.write({"step": done, "event": "stop_on", "reason": trun.stop_reason}, echo=False)
-                        log(f"stopped at step {done}: {trun.stop_reason}; checkpoint saved.")
-                        break
-                    writer.write({"step": done, "event": "preempted" if preemption.requested else "stop_at_step",
-                                  "signal": preemption.signum or 0})
-                    log(f"stopped at step {done} ({'signal' if preemption.requested else 'train.stop_at_step'}); "
-                        f"checkpoint saved. Resume with --resume (or checkpoint.auto_resume: true).")
+                if stop.step is not None:
+                    stop.report()
                     break
-            if stopped is None:
+            if stop.step is None:
                 val_loss = run_eval(trun, t.max_steps, hooks)
                 save(trun, saver, t.max_steps, meter)
             saver.close()
             saver.upload()
         finished = True
         call(hooks, "finish", trun)
-        summary = summarise(trun, stopped or t.max_steps, val_loss, meter, saver)
+        summary = summarise(trun, stop.step or t.max_steps, val_loss, meter, saver)
         finish(trun, summary, saver)
         call(hooks, "done", trun, summary)
         return summary
     except BaseException:
-        import traceback
-
-        # what ended the run stays in logs/ (the console has the one paragraph)
-        log.to_files(traceback.format_exc().rstrip())
+        log.to_files(traceback.format_exc().rstrip())  # what ended the run stays in logs/ (the console: one paragraph)
         raise
     finally:
-        if not finished:  # an error or a halt: hooks still release what they hold (profiler, sampler thread)
-            for h in hooks:
-                try:
-                    h.finish(trun)
-                except Exception:  # noqa: BLE001 (the original error is the one to report)
-                    pass
-        writer.close()
-        log.close()
-        compile_cache.close()  # a run that failed between enabling the cache and compiling leaves it off
+        close_run(trun, hooks, finished)
+
+
+def open_run(cfg, run_dir, resume, weights_only, config_path, echo):
+    """Everything before the first step: the launch checked, the context set up, the run planned, the dataset
+    prepared, the session opened (resumed, or started from loaded weights), the run directory written.
+    Returns (session, plan, step runner, first step, the checkpoint's host state, log)."""
+    # A config the launch cannot run is refused by every rank at once (and by msrun's scheduler process), before
+    # any of them waits for another.
+    check_launch(cfg, launch_world_size(), select_device(cfg.context))
+    rt = setup_context(cfg.context)
+    log = RunLog(echo, rt.rank)
+    plan = plan_run(cfg, rt, run_dir, resume, weights_only, config_path, log)
+    prepare_dataset(cfg, rt, log)
+    # from here on s.cfg: the config as run
+    s = open_session(cfg, log, rt=rt, strategy_dir=plan.strategy_dir, fresh_start=plan.fresh_start)
+    start, host = 0, {}
+    if plan.resume:
+        start, host = resume_from(s, plan.checkpoint, weights_only, log)
+    elif plan.load_weights:
+        load_initial_weights(s, plan.load_weights, log)
+    s.loss.prepare(s, log, resumed=plan.resume)  # e.g. the preference loss's reference log-probs
+    runner = StepRunner(s)
+    if rt.is_main:
+        write_run_dir(plan, s.cfg, rt, start, s.manifest)
+    log.open_files(plan.run_dir)
+    log(f"run directory: {plan.run_dir}" + (f" (resuming at step {start})" if plan.resume else ""))
+    return s, plan, runner, start, host, log
+
+
+def open_records(s, plan, start, host, entered, log):
+    """What the loop writes through: the metrics writer (in the run), the checkpoint saver, the interval meter (its
+    counts carried over from the checkpoint resumed, its startup time from `entered`)."""
+    t = s.cfg.train
+    writer = MetricsWriter(plan.run_dir, s.rt.rank, t.max_steps, s.cfg.monitor, echo=log)
+    saver = CheckpointSaver(plan.run_dir, plan.ckpt_rank, s.cfg.checkpoint, log, events=writer.write)
+    meter = IntervalMeter(s.tokens_per_step, s.flops_per_token, s.peak_flops, s.rt.world_size, start, t.max_steps,
+                          t_start=writer.t_start)
+    meter.restore(host)
+    meter.startup_s = max(0.0, writer.t_start - entered)
+    return TrainingRun(s, plan.run_dir, writer, log, plan.ckpt_rank), saver, meter
+
+
+def close_run(trun, hooks, finished):
+    """However the run ended: hooks release what they hold (profiler, sampler thread) on an error or a halt, the
+    metrics and log files close, and MindSpore's compile cache is left off (a run that failed between enabling it
+    and compiling would leave it on)."""
+    if not finished:
+        for h in hooks:
+            try:
+                h.finish(trun)
+            except Exception:  # noqa: BLE001 (the original error is the one to report)
+                pass
+    trun.writer.close()
+    trun.log.close()
+    compile_cache.close()
 
 
 # --- the run directory ------------------------------------------------------------------------------------
@@ -200,17 +206,25 @@ def finish(trun, summary, saver):
 
 # --- per-step helpers ------------------------------------------------------------------------------------
 
-def first_step(trun, runner, meter, batches, fresh):
-    """The first step of this process compiles (or loads) the step's graphs: timed on its own (a compile cache
-    entry that fails its checks is the runner's to recover from). On a fresh run its loss is the loss before any
-    update (the step computes it on the initial weights), kept as initial_loss."""
-    t0 = time.perf_counter()
-    out = runner.step(batches)
+def report_compile(trun, runner, meter, out, fresh):
+    """The first step of this process compiled (or loaded) the step's graphs: timed on its own (a compile cache entry
+    that fails its checks is recovered from in ms_llm/train/compile_step.py). On a fresh run its loss is the loss
+    before any update (the step computes it on the initial weights), kept as initial_loss."""
     loss = float(out.loss.asnumpy())
-    meter.first_step(time.perf_counter() - t0, loss if fresh else None)
+    meter.first_step(runner.compile_s, loss if fresh else None)
     trun.log(f"compiled the training step in {meter.compile_s:.1f} s" + (f"; loss before any update {loss:.4f}"
                                                                         if fresh else ""))
-    return out
+
+
+def log_record(s, meter, router, step, done):
+    """The interval's metrics record: the meter's (the interval's one host sync), the learning rate as lowered by
+    rollbacks, the MoE router's health and the loss's own fields."""
+    lr = lr_at(step, s.cfg.train) * float(s.step_fn.state.lr_scale.asnumpy())
+    record = meter.record(done, lr, memory_gib(s.rt.device_target))
+    if router is not None:
+        record.update(router.read())
+    record.update(s.loss.log_fields())  # e.g. the share of target tokens a masked loss counts
+    return record
 
 
 def next_batches(s, step):
@@ -218,28 +232,6 @@ def next_batches(s, step):
         return s.next_batches()
     except UserError as e:  # a bad token id: name the step it would have corrupted
         raise UserError(f"step {step + 1}, {e}") from None
-
-
-def halt_if_stuck(skips, done, trun, saver, meter):
-    """Stop a run whose updates are all being skipped (ms_llm.train.loop.skipped_steps): save, record, explain."""
-    halt = skips.check()
-    if halt:
-        save(trun, saver, done, meter)
-        saver.close()
-        trun.writer.write({"step": done, "event": "halted", "reason": halt, "since_step": skips.first})
-        raise RunHalted(halted_message(done, skips, halt, trun.run_dir, saver,
-                                       trun.session.cfg.train.anomaly is not None))
-
-
-def halted_message(step, skips, reason, run_dir, saver, anomaly_guard):
-    tried = "dynamic loss scaling" if skips.dynamic else "skipping the non-finite updates"
-    if anomaly_guard:
-        tried += " and the anomaly guard's rollbacks"
-    return (f"training stopped at step {step}: every update since step {skips.first} was skipped; {reason}. Tried: "
-            f"{tried}. No update was applied after step {skips.first - 1}, so the checkpoint just saved "
-            f"({saver.last_path or 'see ' + run_dir + '/checkpoints'}) holds the last good weights. Find the first "
-            f"module that goes non-finite with `ms-llm debug nan --run-dir {run_dir} --step {step}` (it replays the "
-            f"next step from that checkpoint); docs/debugging.md walks the rest.")
 
 
 def save(trun, saver, step, meter):
@@ -254,13 +246,6 @@ def save(trun, saver, step, meter):
         saver.save(step, ckpt_state.capture(s), ckpt_state.describe(s, step, meter.host_state()))
         trun.writer.write({"step": step, "event": "checkpoint", "duration_s": round(time.perf_counter() - t0, 4)},
                           echo=False)
-
-
-def stop_agreed(rt, requested):
-    """All ranks stop at the same step: a stop any rank asks for (a signal, a hook's stop_reason) stops every rank."""
-    if rt.world_size == 1:
-        return requested
-    return not all_ranks_ok(rt, not requested)
 
 
 def run_eval(trun, step, hooks):

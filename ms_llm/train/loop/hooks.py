@@ -44,6 +44,13 @@ class Hook:
         """After the final summary is written (run_info.json): e.g. the last report refresh."""
 
 
+def per_step(hooks):
+    """The hooks with work of their own at every step (a `Hook`'s before_step and after_step do nothing): the loop
+    calls only these each step, so a run without them runs nothing of the hooks' in a step."""
+    return [h for h in hooks if any(getattr(type(h), m, None) not in (None, getattr(Hook, m))
+                                    for m in ("before_step", "after_step"))]
+
+
 def call(hooks, method, *args, times=None):
     """Call `method` on every hook that has it (a hook need not subclass Hook: the monitor's profiler window,
     which may not import ms_llm.train, implements only what it uses). `times`: a dict that gets the seconds of

@@ -32,20 +32,16 @@ class SkippedSteps:
         self.first = None  # first step of the current run of skipped updates
         self.count = 0
         self.start_scale = self.scale_in
-        self.unchecked = []  # (step, StepOutput) not yet read back from the device
 
     def resume(self, loss_scale):
         self.scale_in = loss_scale
 
-    def add(self, step, out):
-        self.unchecked.append((step, out))
-
-    def check(self):
-        """Read the codes of the steps added since the last check; the reason to stop, or None."""
+    def check(self, unchecked):
+        """Read back the codes of `unchecked` [(step, StepOutput)], the steps since the last check, in order; the
+        reason to stop, or None."""
         reason = None
-        for step, out in self.unchecked:
+        for step, out in unchecked:
             reason = reason or self.update(step, int(out.code.asnumpy()), float(out.loss_scale.asnumpy()))
-        self.unchecked = []
         return reason
 
     def update(self, step, code, scale_out):

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from ms_llm.parallel.layout import uses_semi_auto
 from ms_llm.rundir import writer as rd
 from ms_llm.train.setup.context import agree, rank0_int
 from ms_llm.train.setup.resume import check_remote, find_checkpoint, has_checkpoints
@@ -30,9 +31,9 @@ class RunPlan:
         return self.checkpoint is None and not self.load_weights
 
 
-def plan_run(cfg, rt, semi_auto, run_dir, resume, weights_only, config_path, log):
+def plan_run(cfg, rt, run_dir, resume, weights_only, config_path, log):
     # semi-auto parallel ranks hold different shards: each saves its own; data-parallel replicas share rank 0's
-    ckpt_rank = rt.rank if semi_auto else 0
+    ckpt_rank = rt.rank if uses_semi_auto(cfg.parallel_config) else 0
     run_dir = run_dir or default_run_dir(rt, config_path)
     agree(rt, lambda: rd.check_run_dir_path(run_dir))
     strategy_dir = cfg.checkpoint.strategy_dir or os.path.join(run_dir, "strategy")
