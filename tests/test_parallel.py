@@ -116,6 +116,7 @@ def test_pipeline_stages_balanced_with_override_and_recompute_per_stage():
     (["parallel_config.pipeline_stage=2", "parallel_config.stage_layers=[1, 2]", "parallel_config.micro_batch_num=2",
       "train.global_batch_size=24"], 2, ["stage_layers = [1, 2]"]),
     (["recompute_config.recompute=[1, 1]"], 1, ["recompute_config.recompute = [1, 1]"]),
+    (["recompute_config.recompute=[]"], 1, ["recompute_config.recompute = []", "or false"]),
 ])
 def test_invalid_layouts_are_explained(overrides, devices, words):
     with pytest.raises(UserError) as e:

@@ -267,6 +267,10 @@ def layout_from_config(cfg, devices=None, devices_per_node=DEFAULT_DEVICES_PER_N
         full_layers = tuple(rc.recompute)
         if any(n < 0 for n in full_layers):
             raise UserError(f"recompute_config.recompute = {rc.recompute}: layer counts must be >= 0.")
+        if not full_layers:  # one count per pipeline stage: an empty list names no stage
+            raise UserError(f"recompute_config.recompute = []: a list gives the layers to recompute in each of the "
+                            f"parallel_config.pipeline_stage = {pc.pipeline_stage} stage(s). Give "
+                            f"{pc.pipeline_stage} count(s), or false to recompute nothing.")
         mode = "selective" if rc.select_recompute else "none"
     else:
         mode = "full" if rc.recompute else "selective" if rc.select_recompute else "none"
