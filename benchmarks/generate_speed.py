@@ -100,7 +100,9 @@ def main():
 
     def run_theirs():
         with torch.no_grad():
-            out = theirs.generate(torch.tensor(prompts), max_new_tokens=args.new, min_new_tokens=args.new,
+            ids = torch.tensor(prompts)  # no padding: the mask says so (a token 0 would otherwise read as padding)
+            out = theirs.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=args.new,
+                                  min_new_tokens=args.new,
                                   do_sample=False, pad_token_id=0)
         return out[:, args.prompt:].tolist()
 
