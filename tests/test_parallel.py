@@ -201,6 +201,7 @@ def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
     from ms_llm.train.optimizer import AdamW
     from ms_llm.train import losses
     from ms_llm.train.session import pipeline_step
+    from ms_llm.train.step import StepSpec
 
     c = cfg("model.preset=tiny-gpt2", "model.vocab_size=64", "model.num_layers=6", "parallel_config.pipeline_stage=3",
             "parallel_config.data_parallel=2", "parallel_config.micro_batch_num=6", "train.global_batch_size=24",
@@ -209,8 +210,9 @@ def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
     ascend = Backend("Ascend", layer_reuse=False)  # built as on Ascend (nothing is compiled or run here)
     with no_init_parameters():
         model = build_model(c.model, backend=ascend)
-    loss = losses.choose(c, plan, {}, model, ascend, 6)  # the one place losses are chosen: the pipeline's
-    step = pipeline_step(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), loss, c, plan)
+    spec = StepSpec.of_run(c, plan, 6, model, ascend)  # as the session builds it
+    loss = losses.choose(c, plan, {}, model, ascend, spec.dp)  # the one place losses are chosen: the pipeline's
+    step = pipeline_step(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), loss, spec, plan)
     assert type(model.layers[0]).__name__ == "DecoderLayer"  # not reused per layer: the micro-batch loss is,
     assert type(step.pipeline.network).__name__ == "ReusedPipelineLoss"  # once for all micro-batches
     assert step.pipeline.micro_size == 6 and step.has_reducer  # PipelineGradReducer over the optimizer's weights
