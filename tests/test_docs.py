@@ -203,8 +203,7 @@ def resolve_documented(text, known):
     """The command path and the options a documented `ms-llm ...` line names, against the parser's commands."""
     words = text.split()[1:]
     path = next((tuple(words[:n]) for n in range(min(len(words), 3), 0, -1) if tuple(words[:n]) in known), None)
-    options = [re.match(r"--[a-z][\w-]*", w).group(0) for w in words if re.match(r"\[?--[a-z]", w.lstrip("["))
-               for w in [w.lstrip("[")]]
+    options = [m.group(1) for w in words if (m := re.match(r"\[*(--[a-z][\w-]*)", w))]
     return path, options
 
 
