@@ -405,17 +405,31 @@ def test_sweep_interrupted_resumed_diverging_trial_stopped(dataset, tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "ms_llm.cli"] + args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     first, second = sweep_dir / "trials" / "lr=0.001", sweep_dir / "trials" / "lr=0.01"
+    # The sweep relays a signal to its trials once a second; a tiny trial runs its last 32 steps in less. So the test
+    # freezes the second trial (SIGSTOP) the moment it has a checkpoint, interrupts the sweep, waits until the
+    # sweep's SIGTERM is pending in the frozen trial, and lets it go on: the trial always sees the signal mid-run.
     deadline = time.time() + 900  # a loaded machine is slow, never wrong: wait for the state the test needs
-    while time.time() < deadline and proc.poll() is None:  # interrupt once the second trial has a checkpoint
-        if (first / "sweep_trial.json").exists() and list((second / "checkpoints" / "rank_0").glob("step_*.json")):
+    trial = None
+    while time.time() < deadline and proc.poll() is None:
+        trial = trial or process_running(f"--run-dir {second}")
+        ckpts = list((second / "checkpoints" / "rank_0").glob("step_*.json"))
+        if trial and ckpts and (first / "sweep_trial.json").exists():
+            os.kill(trial, signal.SIGSTOP)
             break
-        time.sleep(0.02)  # its first checkpoint is at step 8 of 40: a poll of 0.5 s let it finish first (CI, fast)
+        time.sleep(0.001 if trial else 0.02)  # once the trial runs, only its checkpoint folder is polled
     assert proc.poll() is None, "the sweep ended before its second trial wrote a checkpoint: " + proc.stdout.read()
-    assert list((second / "checkpoints" / "rank_0").glob("step_*.json")), "no checkpoint of the second trial in 900 s"
+    assert trial and ckpts, "no checkpoint of the second trial in 900 s"
     proc.send_signal(signal.SIGINT)
+    relayed = time.time() + 60  # the sweep relays within its 1 s poll; a minute means it never does
+    while time.time() < relayed and signal.SIGTERM not in pending_signals(trial):
+        time.sleep(0.05)
+    relayed = signal.SIGTERM in pending_signals(trial)
+    os.kill(trial, signal.SIGCONT)
+    assert relayed, "the sweep did not pass SIGINT on to its running trial as a SIGTERM within 60 s"
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, out
     assert "Resume with:" in out and "--sweep-dir" in out
+    assert "trial lr=0.01: interrupted at step" in out, out
     metrics_first = (first / "metrics.jsonl").read_text()
 
     r = ms_llm(*args, "--parallel", "2", timeout=400)  # resumed two at a time (each trial on its own core)
@@ -452,6 +466,27 @@ def test_sweep_interrupted_resumed_diverging_trial_stopped(dataset, tmp_path):
 
     runs = ms_llm("runs", str(sweep_dir))  # trial directories are ordinary runs
     assert runs.returncode == 0 and runs.stdout.count("trials/lr=") == 3, runs.stdout + runs.stderr
+
+
+def process_running(command_part):
+    """The pid of a process whose command line contains `command_part`, or None."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if command_part in f.read().replace(b"\0", b" ").decode(errors="replace"):
+                    return int(pid)
+        except OSError:
+            continue
+    return None
+
+
+def pending_signals(pid):
+    """The signals pending for process `pid` (its own and its thread group's), from /proc."""
+    mask = 0
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith(("SigPnd:", "ShdPnd:")):
+            mask |= int(line.split()[1], 16)
+    return {s for s in signal.Signals if mask >> (s - 1) & 1}
 
 
 def resume_step(run_dir):
