@@ -77,11 +77,11 @@ def step(E, batches, accum, dp):
 
     model = Lookup()
     cfg = load_config(None, [])
-    train = TrainStep(AdamW(model.trainable_params()), MaskedLoss(model, accum, dp, with_documents=False),
+    train = TrainStep(AdamW(model.trainable_params()), MaskedLoss(model, with_documents=False),
                       StepSpec(cfg.precision, 0.0, np.zeros(4, np.float32), accum=accum, dp=dp))
     count = ms.Tensor(np.float32(sum(w.sum() for _, w in batches)))
     seg = ms.Tensor(np.ones((B, T + 1), np.int32))
-    inputs = [(ms.Tensor(ids), ms.Tensor(w), seg, count, ms.Tensor(np.zeros_like(w))) for ids, w in batches]
+    inputs = [(count, ms.Tensor(ids), ms.Tensor(w), seg, ms.Tensor(np.zeros_like(w))) for ids, w in batches]
     for x in inputs[:-1]:
         train.accumulate(*x)
     loss, norm, _, _ = train(*inputs[-1])

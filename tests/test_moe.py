@@ -253,7 +253,7 @@ def test_the_aux_loss_enters_the_differentiated_loss_under_the_accumulation_rule
         ms.set_seed(3)
         model = build_model(load_config(None, TINY + [f"model.moe={{num_experts: 4, aux_loss_coef: {coef}, "
                                                        f"z_loss_coef: {coef / 10}}}"]).model)
-        loss_fn = RoutedLoss(model, accum=4)
+        loss_fn = RoutedLoss(model)
         out, grads = ms.value_and_grad(loss_fn, None, model.trainable_params(), has_aux=True)(ms.Tensor(8.0 / 4), ids)
         outs[coef] = [o.asnumpy() for o in out]
         router_grads[coef] = {p.name: g.asnumpy() for p, g in zip(model.trainable_params(), grads)

@@ -20,7 +20,6 @@ ms.set_context(mode=ms.GRAPH_MODE)
 TINY = ["model.arch=llama", "model.num_layers=2", "model.hidden_size=32", "model.num_heads=2", "model.seq_length=16",
         "model.vocab_size=64", "model.ffn_hidden_size=48"]
 pytestmark = pytest.mark.slow  # each test compiles MoE graphs (tens of seconds on the CPU)
-PLAN = SimpleNamespace(pp=1, semi_auto=False, accumulation=1)
 MASKED = {"columns": ["input_ids", "loss_mask", "segment_ids"]}  # a chat dataset's manifest (unpacked)
 PAIRS = {"columns": ["input_ids", "loss_mask", "segment_ids"], "format": "preference"}
 
@@ -40,7 +39,7 @@ def chosen_loss(cfg, model, manifest):
     from ms_llm.nn.backend import PORTABLE
     from ms_llm.train import losses
 
-    return losses.choose(cfg, PLAN, manifest, model, PORTABLE, 1)
+    return losses.choose(cfg, manifest, model, PORTABLE)
 
 
 def chat_batch(seed=0, b=2, t=16):
@@ -126,7 +125,7 @@ def test_the_moe_pair_loss_is_the_dense_pair_loss_plus_the_router_term():
     reference = ms.Tensor(rng.normal(-30, 1, (2, 2)).astype(np.float32))
     columns = (ms.Tensor(seg), ms.Tensor(wc), ms.Tensor(wr), reference)
     scaled, logged, pair_stats, router_stats = loss(ms.Tensor(2.0, ms.float32), ids, *columns)
-    dense = PreferenceLoss(model, 1)(ms.Tensor(1.0, ms.float32), ids, *columns)
+    dense = PreferenceLoss(model)(ms.Tensor(1.0, ms.float32), ids, *columns)
     _, router_aux, _ = model.forward_layers(ids[:, :-1], columns[0][:, :-1])
     assert float(logged.asnumpy()) == float(dense[1].asnumpy())
     assert float(router_aux.asnumpy()) > 0.1

@@ -199,7 +199,6 @@ def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
     from model_zoo import build_model
     from ms_llm.nn.backend import Backend
     from ms_llm.train.optimizer import AdamW
-    from ms_llm.train import losses
     from ms_llm.train.session import pipeline_step
     from ms_llm.train.step import StepSpec
 
@@ -211,8 +210,7 @@ def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
     with no_init_parameters():
         model = build_model(c.model, backend=ascend)
     spec = StepSpec.of_run(c, plan, 6, model, ascend)  # as the session builds it
-    loss = losses.choose(c, plan, {}, model, ascend, spec.dp)  # the one place losses are chosen: the pipeline's
-    step = pipeline_step(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), loss, spec, plan)
+    step = pipeline_step(model, AdamW(model.trainable_params(), 0.9, 0.95, 1e-8, 0.1), spec, plan, ascend)
     assert type(model.layers[0]).__name__ == "DecoderLayer"  # not reused per layer: the micro-batch loss is,
     assert type(step.pipeline.network).__name__ == "ReusedPipelineLoss"  # once for all micro-batches
     assert step.pipeline.micro_size == 6 and step.has_reducer  # PipelineGradReducer over the optimizer's weights

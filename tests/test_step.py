@@ -9,8 +9,9 @@ import mindspore as ms
 from ms_llm.config import load_config
 from ms_llm.train.lr_schedule import lr_at, lr_table
 from ms_llm.train.optimizer import AdamW
-from ms_llm.train.losses import PipelineLoss, TokenLoss
-from ms_llm.train.step import AnomalyGuard, PipelineTrainStep, StepSpec, TrainStep
+from ms_llm.train.losses import TokenLoss
+from ms_llm.train.pipeline_step import PipelineTrainStep
+from ms_llm.train.step import AnomalyGuard, StepSpec, TrainStep
 from model_zoo import build_model
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
@@ -25,10 +26,9 @@ def make_step(*overrides, accum=1, seed=0, pipeline_micro=0):
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
     if pipeline_micro:
-        step = PipelineTrainStep(opt, PipelineLoss(model, pipeline_micro), StepSpec(cfg.precision, t.clip_grad,
-                                 lr_table(t)), pipeline_micro)
+        step = PipelineTrainStep(opt, model, StepSpec(cfg.precision, t.clip_grad, lr_table(t)), pipeline_micro)
     else:
-        step = TrainStep(opt, TokenLoss(model, accum), StepSpec(cfg.precision, t.clip_grad, lr_table(t), accum=accum))
+        step = TrainStep(opt, TokenLoss(model), StepSpec(cfg.precision, t.clip_grad, lr_table(t), accum=accum))
     model.set_train(True)
     return model, step
 
@@ -229,7 +229,7 @@ def test_anomaly_guard_skips_a_spiking_update_without_touching_the_weights():
     model = build_model(cfg.model)
     t = cfg.train
     opt = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
-    step = TrainStep(opt, TokenLoss(model, 1), StepSpec(cfg.precision, t.clip_grad, lr_table(t),
+    step = TrainStep(opt, TokenLoss(model), StepSpec(cfg.precision, t.clip_grad, lr_table(t),
                                                         AnomalyGuard(zscore=3.0, window=5)))
     model.set_train(True)
     constant = np.zeros((8, 17), np.int32)  # an easy batch: the loss and gradients settle quickly

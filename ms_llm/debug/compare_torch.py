@@ -211,7 +211,7 @@ def run_ms_llm(cfg, arrays, batch, target):
         forward.setdefault(name, arr)
     params = model.trainable_params()
     before = {q.name: q.asnumpy().copy() for q in params}
-    step = TrainStep(AdamW(params, t.beta1, t.beta2, t.eps, t.weight_decay), TokenLoss(model, 2),
+    step = TrainStep(AdamW(params, t.beta1, t.beta2, t.eps, t.weight_decay), TokenLoss(model),
                      StepSpec(p, t.clip_grad, np.array([t.lr], np.float32), accum=2,
                               dropout_key=getattr(model, KEY_NAME, None), backend=backend))
     scale = float(step.state.loss_scale.asnumpy())

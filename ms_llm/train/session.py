@@ -157,27 +157,24 @@ def build_step(resolved, rt, manifest, backend, log):
     seed_dropout(model, t.seed, parallel.data_rank(rt.rank), parallel.dp)
     optimizer = AdamW(model.trainable_params(), t.beta1, t.beta2, t.eps, t.weight_decay)
     spec = StepSpec.of_run(cfg, parallel, rt.world_size, model, backend)
-    loss = losses.choose(cfg, parallel, manifest, model, backend, spec.dp)
-    if t.loss_chunk_tokens and parallel.semi_auto:
-        log(f"note: train.loss_chunk_tokens = {t.loss_chunk_tokens} is not used under semi-auto parallel (the layout "
-            f"shards the LM head's matmul); the loss takes the whole logits")
     if parallel.pp > 1:  # one call per step: the pipeline takes all micro-batches at once and slices them itself
-        step_fn = pipeline_step(model, optimizer, loss, spec, parallel)
+        step_fn = pipeline_step(model, optimizer, spec, parallel, backend)
     else:
-        step_fn = TrainStep(optimizer, loss, spec)
+        step_fn = TrainStep(optimizer, losses.choose(cfg, manifest, model, backend), spec)
     return model, step_fn, ft
 
 
-def pipeline_step(model, optimizer, loss, spec, parallel):
-    """The pipelined step: MindSpore's Pipeline wrapper and PipelineGradReducer (Ascend), the loss (a PipelineLoss)
-    placed on the last stage."""
+def pipeline_step(model, optimizer, spec, parallel, backend):
+    """The pipelined step: MindSpore's Pipeline wrapper and PipelineGradReducer (Ascend), the step's own loss
+    placed on the last stage, compiled once for all micro-batches where the backend can call a subgraph."""
     from mindspore.parallel.nn import PipelineGradReducer
 
     from ms_llm.parallel.apply import assign_stages
-    from ms_llm.train.step import PipelineTrainStep
+    from ms_llm.train.pipeline_step import PipelineTrainStep
 
     reducer = PipelineGradReducer(optimizer.params, opt_shard=parallel.optimizer_shard)
-    step_fn = PipelineTrainStep(optimizer, loss, spec, parallel.micro_batch_num, reducer=reducer)
+    step_fn = PipelineTrainStep(optimizer, model, spec, parallel.micro_batch_num, reducer=reducer,
+                                reuse=backend.ascend)
     assign_stages(model, parallel, loss=step_fn.loss_cell)
     return step_fn
 
@@ -187,6 +184,7 @@ def build_session(resolved, rt, log, manifest, purpose, fresh_start=True):
     from model_zoo import count_params
     from ms_llm.nn import backend as nn_backend
     from ms_llm.nn import cpu_kernels
+    from ms_llm.train import losses
     from ms_llm.train.setup import finetune
 
     cfg, parallel = resolved.cfg, resolved.parallel
@@ -200,6 +198,8 @@ def build_session(resolved, rt, log, manifest, purpose, fresh_start=True):
 
         configure_auto_parallel(parallel, cfg.checkpoint.strategy_dir or "strategy", rt.rank)
     finetune.check(cfg, manifest, parallel)
+    for note in resolved.notes:
+        log(f"note: {note}")
     model, step_fn, ft = build_step(resolved, rt, manifest, backend, log)
     micro_batch, accum = t.micro_batch_size, parallel.accumulation
     if parallel.pp > 1:  # the pipeline takes all micro-batches of a step in one call
@@ -214,7 +214,9 @@ def build_session(resolved, rt, log, manifest, purpose, fresh_start=True):
     elif t.eval_interval or t.eval_steps:
         log("note: no validation during training under pipeline parallelism (a forward-only pipeline is a "
             "different graph); evaluate the checkpoint with pipeline_stage: 1")
-    finetune.load_extra_val(ft, cfg, parallel, manifest, model, backend, dp, data_rank, accum)
+    extra = finetune.load_extra_val(ft, cfg, manifest, dp, data_rank, accum)
+    if extra is not None:  # data.extra_val: plain text, evaluated with the loss a run on it would get
+        ft.extra_loss = losses.choose(cfg, extra, model, backend)
     n_params = count_params(model)
     # MoE: a token computes with top_k of each MoE layer's experts, so the FLOPs count the active parameters only
     inactive = ModelShape.from_config(m).inactive_expert_params() if m.moe is not None else 0

@@ -16,8 +16,15 @@ One optimizer step over `accum` micro-batches on each of `dp` ranks:
 The third output says what happened to the update: 0 applied, 1 skipped (non-finite gradients),
 2 skipped by the anomaly guard.
 
+A loss summed over tokens (the masked loss of chat data: `Loss.sums_tokens`) is divided by its share of the step's
+tokens, which the step computes before each micro-batch's forward (`StepState.loss_inputs`): this rank's count of
+them in the step (summed on the host), all-reduced over the data-parallel ranks in the graph, ÷ (accum · dp). The
+step's mean of the micro-batch losses is then the mean over every token of every micro-batch and rank, with no host
+round trip; the loss itself knows nothing of ranks.
+
 Micro-batches before the last only accumulate (`AccumulateStep`); the last one also updates
-(`TrainStep`), so with accum == 1 a step is a single compiled call. What the step does besides the forward and the
+(`TrainStep`), so with accum == 1 a step is a single compiled call. The pipelined step is
+ms_llm/train/pipeline_step.py. What the step does besides the forward and the
 optimizer (precision, clipping, the anomaly guard, accumulation, data parallelism, dropout) is one `StepSpec`, built
 from the run's config and layout in `StepSpec.of_run`.
 """
@@ -45,7 +52,7 @@ class StepSpec:
     lr_table: Any  # the learning rate of every step (ms_llm.train.lr_schedule.lr_table)
     anomaly: Any = None  # AnomalyGuard; None: no guard
     accum: int = 1  # micro-batches per step on this rank
-    dp: int = 1  # ranks whose gradients the step all-reduces itself (1 under semi-auto parallel: MindSpore does)
+    dp: int = 1  # ranks whose gradients (and token counts) the step all-reduces itself (1 under semi-auto parallel)
     dropout_key: Any = None  # the model's dropout key (ms_llm/nn/dropout.py), or None: a model without dropout
     backend: Any = PORTABLE  # ms_llm.nn.backend.Backend: the fused kernels (the sum of squares of the grad norm)
 
@@ -78,9 +85,9 @@ def sum_of_squares(x, fused_op=None):
 
 class StepState(nn.Cell):
     """Everything the step owns besides the model and optimizer: loss scale, counters, grad buffers, the sums of the
-    loss's aux outputs."""
+    loss's aux outputs, the share of a loss summed over tokens."""
 
-    def __init__(self, params, spec, aux_shapes=()):
+    def __init__(self, params, spec, aux_shapes=(), sums_tokens=False):
         super().__init__(auto_prefix=False)
         precision, accum = spec.precision, spec.accum
         self.lr_scale = Parameter(initializer(1.0, (), ms.float32), name="lr_scale")  # lowered by rollbacks
@@ -103,6 +110,18 @@ class StepState(nn.Cell):
         self.has_dropout = spec.dropout_key is not None
         self.micro = Parameter(initializer(0, (), ms.int32), name="micro_batch", requires_grad=False) \
             if self.has_dropout else None
+        self.sums_tokens, self.accum, self.dp = sums_tokens, accum, spec.dp
+        self.all_reduce = ops.AllReduce() if sums_tokens and spec.dp > 1 else None
+
+    def loss_inputs(self, inputs):
+        """The loss's arguments after grad_scale, from a micro-batch's inputs. A loss summed over tokens gets, in
+        place of this rank's count of them in the step (its first input), the share it divides by: that count over
+        every rank, at least 1 (an all-zero mask: loss 0, gradients 0), ÷ (accum · dp)."""
+        if not self.sums_tokens:
+            return inputs
+        count = inputs[0]
+        total = self.all_reduce(count) if self.dp > 1 else count
+        return (ops.maximum(total, 1.0) / (self.accum * self.dp),) + inputs[1:]
 
     def key_dropout(self, dropout_key, last):
         """Write (global step, micro-batch) into the model's dropout key before a micro-batch's forward, and count
@@ -133,7 +152,7 @@ class AccumulateStep(nn.Cell):
         st = self.state
         if st.has_dropout:
             st.key_dropout(self.dropout_key, last=False)
-        out, grads = self.grad_fn(st.loss_scale.value() / self.accum, *inputs)
+        out, grads = self.grad_fn(st.loss_scale.value() / self.accum, *st.loss_inputs(inputs))
         loss = out[1]
         self.hyper_map(ops.assign_add, st.grad_buffers, grads)
         ops.assign_add(st.accum_loss, loss)
@@ -158,7 +177,7 @@ class TrainStep(nn.Cell):
         self.loss = loss
         self.grad_fn = self.loss_and_grad()
         self.dropout_key = spec.dropout_key
-        self.state = StepState(self.weights, spec, getattr(loss, "aux_shapes", ()))
+        self.state = StepState(self.weights, spec, loss.aux_shapes, loss.sums_tokens)
         self.accumulate = AccumulateStep(loss, self.weights, self.state, accum) if accum > 1 else None
         self.accum, self.dp, self.clip = accum, dp, spec.clip_grad
         self.dynamic = precision.loss_scale == "dynamic"
@@ -177,7 +196,7 @@ class TrainStep(nn.Cell):
         st = self.state
         if st.has_dropout:
             st.key_dropout(self.dropout_key, last=True)
-        out, grads = self.grad_fn(scale / self.accum, *inputs)
+        out, grads = self.grad_fn(scale / self.accum, *st.loss_inputs(inputs))
         loss = out[1]
         if st.has_aux:
             st.add_aux(out[2:])
@@ -245,37 +264,3 @@ class TrainStep(nn.Cell):
                                                                ops.zeros((), ms.int32)))
         return spike
 
-
-class PipelineTrainStep(TrainStep):
-    """Pipeline parallelism: one call takes all `micro_batch_num` micro-batches of the step on this data-parallel
-    rank, concatenated. MindSpore's `Pipeline` wrapper slices them and schedules the stages (1F1B); the pipeline
-    accumulates each stage's gradients, and `reducer` (PipelineGradReducer) hands them over and clears them.
-    The loss scale enters as the backward's initial gradient (sens), since every input of the wrapper is sliced.
-    Unscaling, the overflow check, clipping, the anomaly guard and the update are TrainStep's.
-
-    With `reducer=None` (a single device) the same graph is plain gradient accumulation inside one call, which
-    is how the CPU tests check it against TrainStep."""
-
-    def __init__(self, optimizer, loss, spec, micro_batch_num, reducer=None):
-        """`spec`: accum and dp 1 (the pipeline accumulates and its reducer reduces: StepSpec.of_run)."""
-        from mindspore.parallel.nn import Pipeline
-
-        super().__init__(optimizer, loss, spec)
-        self.pipeline = Pipeline(loss, micro_batch_num)
-        self.grad_op = ops.GradOperation(get_by_list=True, sens_param=True)
-        self.reducer = reducer
-        self.has_reducer = reducer is not None
-
-    def loss_and_grad(self):
-        return None  # the pipeline wrapper is differentiated instead (gradients)
-
-    @property
-    def loss_cell(self):
-        return self.pipeline.network.loss
-
-    def gradients(self, scale, ids):
-        loss = self.pipeline(ids)
-        grads = self.grad_op(self.pipeline, self.weights)(ids, ops.ones_like(loss) * scale)
-        if self.has_reducer:
-            grads = self.reducer(grads)
-        return loss, grads

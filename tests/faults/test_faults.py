@@ -29,15 +29,15 @@ pytestmark = pytest.mark.slow  # every fault here is injected into a training ru
 def patched_loss(monkeypatch):
     """Replace the loss the training step differentiates (the fault), leaving evaluation correct: the tiny config's
     loss is the chunked one (train.loss_chunk_tokens), evaluated in its own graph."""
-    from ms_llm.train.losses import ChunkedLoss
+    from ms_llm.train.losses.composed import ComposedLoss
 
     def install(construct):
-        real = ChunkedLoss.construct
+        real = ComposedLoss.construct
 
         def construct_or_evaluate(self, grad_scale, ids):
             return construct(self, grad_scale, ids) if self.training else real(self, grad_scale, ids)
 
-        monkeypatch.setattr(ChunkedLoss, "construct", construct_or_evaluate)
+        monkeypatch.setattr(ComposedLoss, "construct", construct_or_evaluate)
 
     return install
 

@@ -31,9 +31,9 @@ def test_i_learning_rate_too_low_is_named_not_clipping(dataset, tmp_path):
 
 
 def test_k_targets_of_another_sample_stall_at_the_unigram_entropy(dataset, tmp_path, monkeypatch):
-    from ms_llm.train.losses import ChunkedLoss
+    from ms_llm.train.losses.composed import ComposedLoss
 
-    real = ChunkedLoss.construct
+    real = ComposedLoss.construct
 
     def misaligned(self, grad_scale, ids):  # the bug: each sample is scored against the next sample's tokens
         if not self.training:
@@ -41,7 +41,7 @@ def test_k_targets_of_another_sample_stall_at_the_unigram_entropy(dataset, tmp_p
         loss = cross_entropy(self.model(ids[:-1, :-1]), ids[1:, 1:])
         return loss * grad_scale, loss
 
-    monkeypatch.setattr(ChunkedLoss, "construct", misaligned)
+    monkeypatch.setattr(ComposedLoss, "construct", misaligned)
     train(tiny_cfg(dataset, *sets("train.max_steps=200", "train.eval_interval=100")), tmp_path / "run")
     found = diagnose(tmp_path / "run")
     f = first_cause(found, "loss_plateau", "ignore the context", confidence="high")

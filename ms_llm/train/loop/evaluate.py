@@ -1,8 +1,13 @@
 """Validation: the run's own loss cell in evaluation mode (no gradients, no dropout) over a fixed list of batches.
 
-The record is the loss's own (`Loss.eval_record`): the mean loss over the batches and ranks, or for fine-tuning
-data the token-weighted mean over the responses with the prompts' loss beside it."""
+Each rank evaluates its slice of the same global batches; the loss says what its outputs add up to
+(`Loss.eval_sums`), the sums are added over the ranks here, and the loss turns the totals into its record
+(`Loss.eval_record`): the mean loss over the batches and ranks, or for fine-tuning data the token-weighted mean
+over the responses with the prompts' loss beside it."""
+import numpy as np
+
 import mindspore as ms
+from mindspore import ops
 
 
 def evaluate(loss, batches, rt):
@@ -15,7 +20,14 @@ def evaluate(loss, batches, rt):
         outputs = [loss(one, *loss.inputs([b], count=False)[0]) for b in batches]
     finally:
         loss.set_train(True)
-    return loss.eval_record(outputs, rt)
+    return loss.eval_record(sum_over_ranks(loss.eval_sums(outputs), rt), rt.world_size)
+
+
+def sum_over_ranks(sums, rt):
+    """Each rank's float64 sums added over the ranks (float32 on the wire); one rank's as they are."""
+    if rt.world_size == 1:
+        return sums
+    return ops.AllReduce()(ms.Tensor(np.asarray(sums, np.float32))).asnumpy().astype(np.float64)
 
 
 def evaluate_session(s):

@@ -1,30 +1,37 @@
 """The training losses: one loss of parts (composed.py), built in one place (`choose`).
 
-    loss = choose(cfg, parallel, manifest, model, backend, dp)
+    loss = choose(cfg, manifest, model, backend)
     scaled, logged, *aux = loss(grad_scale, *loss.inputs(batches)[i])
 
-The objective is the first entry of IN_ORDER that applies to the run (its config, parallel layout and dataset);
-each entry of TERMS that applies is then added to it (a mixture of experts' router losses to the plain, the masked
-or the preference objective alike). A new objective or term is a module of its own and one entry in a list.
-"""
-from ms_llm.train.losses.chunked import ChunkedLoss
-from ms_llm.train.losses.composed import ComposedLoss
-from ms_llm.train.losses.masked import MaskedLoss
-from ms_llm.train.losses.pipeline import PipelineLoss
-from ms_llm.train.losses.preference import PreferenceLoss
-from ms_llm.train.losses.routed import RoutedLoss, RouterTerm
-from ms_llm.train.losses.token import TokenLoss
+    objective   the preference pairs' objective on a preference dataset (preference.py), else the next-token one
+                (token.py): over the whole logits or chunked (train.loss_chunk_tokens), with the loss mask of chat
+                data or without, whatever else the run has
+    terms       each entry of TERMS that applies (a mixture of experts' router losses), added to any objective
 
-IN_ORDER = [PipelineLoss, PreferenceLoss, MaskedLoss, RoutedLoss, ChunkedLoss, TokenLoss]
+A new term is a module of its own and one entry in TERMS; a new objective a module and one branch in `objective`.
+
+A loss knows nothing of parallelism: the step owns accumulation and data parallelism and gives a loss summed over
+tokens the share it divides by (base.py); the pipelined step has its own loss (ms_llm/train/pipeline_step.py); the
+config as run says whether the loss is chunked (not under semi-auto parallel: ms_llm/train/setup/resolve.py).
+"""
+from ms_llm.data.preference import is_preference
+from ms_llm.train.losses.composed import ComposedLoss
+from ms_llm.train.losses.preference import PairObjective
+from ms_llm.train.losses.presets import ChunkedLoss, MaskedLoss, PreferenceLoss, RoutedLoss, TokenLoss  # noqa: F401
+from ms_llm.train.losses.routed import RouterTerm
+from ms_llm.train.losses.token import next_token
+
 TERMS = [RouterTerm]
 
 
-def choose(cfg, parallel, manifest, model, backend, dp):
-    """The loss cell of a run of `cfg` (resolved) under `parallel` on the dataset of `manifest`."""
-    loss = next(cls for cls in IN_ORDER if cls.applies(cfg, parallel, manifest)).build(cfg, parallel, manifest,
-                                                                                      model, backend, dp)
-    if isinstance(loss, ComposedLoss):  # the pipeline's loss is the pipeline wrapper's own (pipeline.py)
-        for term in TERMS:
-            if term.applies(cfg, parallel, manifest) and not loss.has_term(term):
-                loss.add_term(term.build(cfg, model))
-    return loss
+def choose(cfg, manifest, model, backend):
+    """The loss cell of a run of `cfg` (resolved) on the dataset of `manifest`, `backend` its fused kernels."""
+    return ComposedLoss(model, objective(cfg, manifest, model, backend),
+                        [t.build(cfg, model) for t in TERMS if t.applies(cfg, manifest)])
+
+
+def objective(cfg, manifest, model, backend):
+    """What the run trains the model's output on."""
+    if is_preference(manifest):  # chosen/rejected pairs (ms-llm preprocess --format preference)
+        return PairObjective.of(cfg)
+    return next_token(cfg, manifest, model.dtype, backend)

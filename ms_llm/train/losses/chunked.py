@@ -1,4 +1,5 @@
-"""The chunked token objective (`train.loss_chunk_tokens` > 0), a part of the composed loss (composed.py): the LM head and the cross-entropy over that many tokens at a time.
+"""The chunked token objective (`train.loss_chunk_tokens` > 0), a part of the composed loss (composed.py): the LM
+head and the cross-entropy over that many tokens at a time, with the loss mask of chat data (masked.py) or without.
 
 Chunked (`ChunkedCrossEntropy`, the fused linear cross-entropy of Liger-Kernel and torchtune): for each chunk of
 tokens the head's matmul, the softmax, the loss and the gradient of the loss with respect to the chunk's logits
@@ -12,64 +13,62 @@ before differentiating (loss scale ÷ accumulation): with float16 compute the pe
 float16 for the matmuls already scaled, exactly as backpropagating the scaled loss would cast them, so small
 probabilities do not underflow.
 
-Token weights: the loss is Σ w·ce / Σ w. The training step passes w = 1 (the plain mean); a loss mask for
-fine-tuning passes its mask instead. An all-zero w gives loss 0 and zero gradients.
+Token weights and the denominator: the loss is Σ w·ce / d. Without a mask w = 1 and d = Σ w (the plain mean); with
+the loss mask w is the mask and d the step's share of the masked-in tokens (masked.py), so the chunked masked loss
+is the whole masked loss. An all-zero w gives loss 0 and zero gradients. In evaluation with a mask, the per-token
+cross-entropy (one float per token) comes out of the chunks and the mask sums it as it does the whole path's.
 
 Equality with the whole path: the same formulas in float32; the sums are ordered differently (a sum per chunk,
 then over chunks; the head-weight gradient accumulated chunk by chunk), so results agree to float32 rounding
-(relative 1e-6), not bit for bit. tests/test_loss.py checks loss and every gradient.
+(relative 1e-6), not bit for bit. tests/test_loss.py checks loss and every gradient, with and without a mask and
+with a mixture of experts' router term (tests/test_losses.py).
 """
 import mindspore as ms
 from mindspore import nn, ops
 
 from ms_llm.nn.backend import PORTABLE
-from ms_llm.train.losses.composed import ComposedLoss
-from ms_llm.train.losses.part import Objective
+from ms_llm.train.losses.part import TokenObjective
 
 
-class ChunkedTokens(Objective):
-    """The mean token cross-entropy over chunks of `chunk` tokens, from the final hidden states and the head weight;
-    in training it returns grad_scale × loss with its own gradients (ChunkedCrossEntropy), in evaluation the forward
-    alone (ChunkedCrossEntropyLoss)."""
+class ChunkedTokens(TokenObjective):
+    """The token cross-entropy over chunks of `chunk` tokens, from the final hidden states and the head weight, the
+    mean or with `mask` Σ w·ce ÷ the step's share; in training it returns grad_scale × loss with its own gradients
+    (ChunkedCrossEntropy), in evaluation the forward alone (ChunkedCrossEntropyLoss)."""
 
     reads_hidden = True
     scales_itself = True
 
-    def __init__(self, chunk, compute_dtype=ms.float32, backend=PORTABLE):
-        super().__init__()
+    def __init__(self, chunk, compute_dtype=ms.float32, backend=PORTABLE, mask=None):
+        super().__init__(mask)
         self.train_loss = ChunkedCrossEntropy(chunk, compute_dtype, backend)
         self.eval_loss = ChunkedCrossEntropyLoss(chunk, compute_dtype, backend)
 
-    def train(self, hidden, targets, grad_scale, columns):
-        x, head, targets, weights = self.flat(hidden, targets)
-        scaled, loss, _, _ = self.train_loss(x, head, targets, weights, grad_scale)
+    def train(self, hidden, targets, grad_scale, share, columns):
+        x, head, targets = self.flat(hidden, targets)
+        if self.masked:
+            weights, denom = self.mask.weights(columns), share
+        else:
+            weights = ops.ones(targets.shape, ms.float32)
+            denom = mean_denominator(weights)
+        scaled, loss, _, _ = self.train_loss(x, head, targets, weights, denom, grad_scale)
         return scaled, loss, ()
 
     def evaluate(self, hidden, targets, columns):
-        x, head, targets, weights = self.flat(hidden, targets)
-        loss = self.eval_loss(x, head, targets, weights)
+        x, head, targets = self.flat(hidden, targets)
+        if self.masked:
+            return self.mask.evaluate(self.eval_loss.token_ce(x, head, targets), columns)
+        loss = self.eval_loss(x, head, targets, ops.ones(targets.shape, ms.float32))
         return loss, loss
 
     def flat(self, hidden, targets):
         x, head = hidden
-        targets = targets.reshape(-1)
-        return x.reshape(-1, x.shape[-1]), head, targets, ops.ones(targets.shape, ms.float32)
+        return x.reshape(-1, x.shape[-1]), head, targets.reshape(-1)
 
 
-class ChunkedLoss(ComposedLoss):
-    """The chunked token objective, nothing added: equal to the whole-logits loss within float32 rounding."""
-
-    @classmethod
-    def applies(cls, cfg, parallel, manifest):
-        # not under semi-auto parallel, whose strategies shard the LM head's own matmul (this loss has its own)
-        return cfg.train.loss_chunk_tokens > 0 and not parallel.semi_auto
-
-    @classmethod
-    def build(cls, cfg, parallel, manifest, model, backend, dp):
-        return cls(model, parallel.accumulation, cfg.train.loss_chunk_tokens, backend)
-
-    def __init__(self, model, accum, chunk, backend=PORTABLE):
-        super().__init__(model, accum, ChunkedTokens(chunk, model.dtype, backend))
+def mean_denominator(token_weights):
+    """Σ w, or 1 where every weight is 0 (then the loss is 0 and so are the gradients)."""
+    denom = token_weights.sum()
+    return denom + (denom == 0).astype(ms.float32)
 
 
 def chunk_bounds(tokens, chunk):
@@ -110,8 +109,8 @@ class _ChunkMath(nn.Cell):
 
 class ChunkedCrossEntropy(nn.Cell):
     """(x (N, h) compute dtype, head weight (V, h) float32, targets (N,) int32, token weights (N,) float32,
-    grad_scale ()) → (grad_scale · loss, loss, dx, dweight), loss = Σ w·ce / Σ w in float32, over `chunk` tokens at
-    a time. Differentiate the first output; dx and dweight are the gradients of grad_scale · loss, returned
+    denominator () (> 0), grad_scale ()) → (grad_scale · loss, loss, dx, dweight), loss = Σ w·ce / denominator in
+    float32, over `chunk` tokens at a time. Differentiate the first output; dx and dweight are the gradients of grad_scale · loss, returned
     for the Cell's own backward."""
 
     def __init__(self, chunk, compute_dtype=ms.float32, backend=PORTABLE):
@@ -122,10 +121,8 @@ class ChunkedCrossEntropy(nn.Cell):
         self.dx_mm = ops.MatMul()  # dlogits @ W
         self.dw_mm = ops.MatMul(transpose_a=True)  # dlogitsᵀ @ x_c
 
-    def construct(self, x, weight, targets, token_weights, grad_scale):
+    def construct(self, x, weight, targets, token_weights, denom, grad_scale):
         w = weight.astype(self.dtype)
-        denom = token_weights.sum()
-        denom = denom + (denom == 0).astype(ms.float32)  # all masked: loss 0, gradients 0
         coef = token_weights * (grad_scale / denom)
         total = ops.zeros((), ms.float32)
         dweight = ops.zeros(weight.shape, ms.float32)
@@ -143,9 +140,9 @@ class ChunkedCrossEntropy(nn.Cell):
         loss = total / denom
         return loss * grad_scale, loss, ops.concat(dx, 0), dweight
 
-    def bprop(self, x, weight, targets, token_weights, grad_scale, out, dout):
+    def bprop(self, x, weight, targets, token_weights, denom, grad_scale, out, dout):
         d = dout[0]  # 1 when the first output is the one differentiated
-        return out[2] * d.astype(out[2].dtype), out[3] * d, targets * 0, token_weights * 0, grad_scale * 0
+        return out[2] * d.astype(out[2].dtype), out[3] * d, targets * 0, token_weights * 0, denom * 0, grad_scale * 0
 
 
 class ChunkedCrossEntropyLoss(nn.Cell):
@@ -169,3 +166,14 @@ class ChunkedCrossEntropyLoss(nn.Cell):
             ce = self.math.loss(self.logits_mm(xc, w).astype(ms.float32), targets[start:end])
             total = total + (ce * token_weights[start:end]).sum()
         return total / denom
+
+    def token_ce(self, x, weight, targets):
+        """The cross-entropy of every token (N,), float32, a chunk of logits at a time."""
+        w = weight.astype(self.dtype)
+        ce = ()
+        for start, end in chunk_bounds(x.shape[0], self.chunk):
+            xc = x[start:end]
+            if start:
+                xc = ops.depend(xc, ce[-1])
+            ce = ce + (self.math.loss(self.logits_mm(xc, w).astype(ms.float32), targets[start:end]),)
+        return ops.concat(ce, 0)

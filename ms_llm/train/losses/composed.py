@@ -1,11 +1,12 @@
 """The training loss of a run: one objective and any number of added terms, each a part in its own file.
 
-    scaled, logged, *aux = loss(grad_scale, ids, *columns)
+    scaled, logged, *aux = loss(grad_scale, ids, *columns)            (or (grad_scale, share, ids, *columns): base.py)
 
     objective   what the run trains the model's output on (one per run):
-                  token.py       mean token cross-entropy over the whole logits; with a loss mask (masked.py) the
-                                 masked mean over the target tokens of the whole step (Σ w·ce ÷ Σ w), else the mean
-                  chunked.py     the same without a mask, the head and the cross-entropy a chunk of tokens at a time
+                  token.py       next-token cross-entropy, over the whole logits or (chunked.py) the head and the
+                                 cross-entropy a chunk of tokens at a time; the mean over the tokens, or with the loss
+                                 mask of chat data (masked.py) the sum over the tokens it keeps ÷ the step's share of
+                                 them (base.py), so that the step's loss is their mean over the whole step
                   preference.py  DPO / IPO / SimPO on chosen/rejected pairs against the reference's log-probs
     terms       what is added to the objective (any number):
                   routed.py      a mixture of experts' router losses (load balancing, z-loss), averaged over the MoE
@@ -13,14 +14,15 @@
 
     scaled = (objective + Σ terms) · grad_scale     logged = objective (comparable with val_loss and dense runs)
 
-The terms are differentiated with the objective under the same ÷ accumulation rule; the chunked objective, which
-computes its own gradients, returns its scaled loss and the terms are added to it scaled. `aux` is the objective's
-aux outputs, then each term's (one per entry of `aux_shapes`, in that order). In evaluation the objective's outputs
-alone (the terms train, they are not measured by val_loss).
+Any term goes with any objective: an MoE model fine-tunes on chat data (masked, whole or chunked) and trains on
+preference pairs with its router term. The terms are differentiated with the objective under the same
+÷ accumulation rule; the chunked objective, which computes its own gradients, returns its scaled loss and the terms
+are added to it scaled. `aux` is the objective's aux outputs, then each term's (one per entry of `aux_shapes`, in
+that order). In evaluation the objective's outputs alone (the terms train, they are not measured by val_loss).
 
-The host side (`inputs`, `prepare`, `log_fields`, `eval_record`) is the objective's: its columns (the loss mask's
-weights and counts, the preference pairs and their reference) follow `ids` in the cell's arguments. The model is read
-through `forward_layers` (hidden states, router aux loss, router statistics) when a term needs the router, else
+The host side (`inputs`, `prepare`, `log_fields`, `eval_sums`, `eval_record`) is the objective's: its columns (the
+loss mask's weights, the preference pairs and their reference) follow `ids` in the cell's arguments. The model is
+read through `forward_layers` (hidden states, router aux loss, router statistics) when a term needs the router, else
 through its call (logits) or `hidden_states` and `head_weight` (the chunked objective), nothing else.
 """
 from mindspore import nn
@@ -31,23 +33,14 @@ from ms_llm.train.losses.base import Loss
 class ComposedLoss(Loss):
     """`objective` (a part of token.py, chunked.py or preference.py) plus `terms` (parts such as routed.RouterTerm)."""
 
-    def __init__(self, model, accum, objective, terms=()):
-        super().__init__(model, accum)
+    def __init__(self, model, objective, terms=()):
+        super().__init__(model)
         self.objective = objective
         self.terms = nn.CellList(list(terms))
         self.routed = any(t.reads_router for t in terms)
+        self.sums_tokens = objective.sums_tokens
         self.aux_shapes = tuple(objective.aux_shapes) + tuple(s for t in terms for s in t.aux_shapes)
         self.set_train(True)
-
-    def has_term(self, cls):
-        return any(isinstance(t, cls) for t in self.terms)
-
-    def add_term(self, term):
-        """Add a term (ms_llm/train/losses/__init__.py adds the ones a run needs to the loss it chose)."""
-        self.terms.append(term)
-        self.routed = self.routed or term.reads_router
-        self.aux_shapes = self.aux_shapes + tuple(term.aux_shapes)
-        self.set_train(self.training)
 
     # --- host side: the objective's ---------------------------------------------------------------------------
 
@@ -60,8 +53,11 @@ class ComposedLoss(Loss):
     def log_fields(self):
         return self.objective.log_fields()
 
-    def eval_record(self, outputs, rt):
-        return self.objective.eval_record(outputs, rt)
+    def eval_sums(self, outputs):
+        return self.objective.eval_sums(outputs)
+
+    def eval_record(self, sums, ranks):
+        return self.objective.eval_record(sums, ranks)
 
     # --- the graph ---------------------------------------------------------------------------------------------
 
@@ -80,12 +76,16 @@ class ComposedLoss(Loss):
             return (states[-1], self.model.head_weight()), None, ()
         return (self.model(x) if segments is None else self.model(x, segments)), None, ()
 
-    def construct(self, grad_scale, ids, *columns):
+    def construct(self, grad_scale, *inputs):
+        # (share, ids, *columns) for an objective summed over tokens, else (ids, *columns)
+        share = inputs[0] if self.sums_tokens else None
+        ids = inputs[1] if self.sums_tokens else inputs[0]
+        columns = inputs[2:] if self.sums_tokens else inputs[1:]
         out, router_aux, router_stats = self.model_output(ids, columns)
         targets = ids[:, 1:]
         if not self.training:
             return self.objective.evaluate(out, targets, columns)
-        value, logged, aux = self.objective.train(out, targets, grad_scale, columns)
+        value, logged, aux = self.objective.train(out, targets, grad_scale, share, columns)
         added = None
         for term in self.terms:
             term_value, term_aux = term.train(router_aux, router_stats)

@@ -43,9 +43,8 @@ import numpy as np
 import mindspore as ms
 from mindspore import ops
 
-from ms_llm.data.preference import CHOSEN, REJECTED, is_preference
+from ms_llm.data.preference import CHOSEN, REJECTED
 from ms_llm.errors import UserError
-from ms_llm.train.losses.composed import ComposedLoss
 from ms_llm.train.losses.masked import target_weights, token_cross_entropy
 from ms_llm.train.losses.part import Objective
 
@@ -73,28 +72,16 @@ def settings(cfg):
     return cfg.finetune.preference or PreferenceConfig()
 
 
-class PreferenceLoss(ComposedLoss):
-    """(grad_scale, ids (B, T+1), segments (B, T+1), chosen weights (B, T), rejected weights (B, T), reference
-    log-probs (B, 2)) → (loss · grad_scale, loss, stats (7,)): the pair objective, to which a mixture of experts'
-    router term is added like to any other (composed.py). See the module docstring."""
-
-    @classmethod
-    def applies(cls, cfg, parallel, manifest):
-        return is_preference(manifest)
-
-    @classmethod
-    def build(cls, cfg, parallel, manifest, model, backend, dp):
-        pref = cfg.finetune.preference
-        if pref is None:  # a preference dataset without the section: its defaults (DPO, beta 0.1)
-            pref = settings(cfg)
-        return cls(model, parallel.accumulation, pref.loss, pref.beta, pref.simpo_gamma)
-
-    def __init__(self, model, accum, objective="dpo", beta=0.1, simpo_gamma=0.5):
-        super().__init__(model, accum, PairObjective(objective, beta, simpo_gamma))
-
-
 class PairObjective(Objective):
-    """The pair loss of `objective` ("dpo", "ipo", "simpo") on the logits of the pairs' two segments."""
+    """The pair loss of `objective` ("dpo", "ipo", "simpo") on the logits of the pairs' two segments: (ids (B, T+1),
+    segments (B, T+1), chosen weights (B, T), rejected weights (B, T), reference log-probs (B, 2)) → (loss, loss,
+    stats (7,)), to which a mixture of experts' router term is added like to any other (composed.py). See the module
+    docstring."""
+
+    @classmethod
+    def of(cls, cfg):
+        p = settings(cfg)  # a preference dataset without finetune.preference: its defaults (DPO, beta 0.1)
+        return cls(p.loss, p.beta, p.simpo_gamma)
 
     def __init__(self, objective="dpo", beta=0.1, simpo_gamma=0.5):
         super().__init__()
@@ -117,7 +104,7 @@ class PairObjective(Objective):
             return np.zeros((len(ids), 2), np.float32)
         if self.reference is None:
             raise UserError("the preference loss has no reference log-probs: the run did not prepare them "
-                            "(PreferenceLoss.prepare runs before the first step of `ms-llm train`). Train with "
+                            "(PairObjective.prepare runs before the first step of `ms-llm train`). Train with "
                             "`ms-llm train`, or use finetune.preference.loss: simpo, which needs no reference.")
         out = np.empty((len(ids), 2), np.float32)
         for i in range(len(ids)):
@@ -145,18 +132,20 @@ class PairObjective(Objective):
         self.buffer.set_data(ms.Tensor(np.zeros(sums.shape, np.float32)))
         return fields(sums)
 
-    def eval_record(self, outputs, rt):
-        """val_loss: the mean loss over the validation pairs; val_rewards/... and val_logps/... as in training."""
+    def eval_sums(self, outputs):
+        """The summed stats (STATS, then the pairs) over this rank's batches, then its mean loss."""
         sums = np.zeros(len(STATS) + 1, np.float64)
-        losses = []
         for out in outputs:
-            losses.append(float(out[1].asnumpy()))
             sums += out[2].asnumpy()
-        if rt.world_size > 1:
-            sums = ops.AllReduce()(ms.Tensor(sums.astype(np.float32))).asnumpy().astype(np.float64)
-        record = {"val_loss": float(np.mean(losses)) if losses else float("nan")}
-        record.update({f"val_{k}": v for k, v in fields(sums).items()})
-        record["val_pairs"] = int(sums[-1])
+        return np.append(sums, np.mean([float(out[1].asnumpy()) for out in outputs]))
+
+    def eval_record(self, sums, ranks):
+        """val_loss: the mean loss over the validation pairs (of the ranks' means: each holds as many pairs);
+        val_rewards/... and val_logps/... as in training."""
+        stats = sums[:-1]
+        record = {"val_loss": float(sums[-1] / ranks)}
+        record.update({f"val_{k}": v for k, v in fields(stats).items()})
+        record["val_pairs"] = int(stats[-1])
         return record
 
     # --- the reference -----------------------------------------------------------------------------------------
@@ -218,7 +207,7 @@ class PairObjective(Objective):
     def segments(self, columns):
         return columns[0][:, :-1]  # the pair's two sequences as two documents
 
-    def train(self, logits, targets, grad_scale, columns):
+    def train(self, logits, targets, grad_scale, share, columns):
         loss, stats = self.pair_loss(logits, targets, columns)[:2]
         return loss, loss, (stats,)
 

@@ -4,16 +4,14 @@ coefficient-weighted load-balancing and z-losses averaged over the MoE layers (m
     scaled = (objective + aux) · grad_scale          logged: the objective (comparable with val_loss and dense runs)
 
 The aux loss is differentiated with the objective under the same ÷ accumulation rule, whatever the objective is:
-the plain token loss, the masked loss of fine-tuning data (SFT) or a preference objective (DPO, IPO, SimPO). The
-router statistics of every MoE layer (expert counts, losses, dropped assignments; ms_llm.nn.moe.STAT_NAMES) are its
-aux output, summed by the step into the `router_stats` buffer that the trainer reads once per log interval
-(train/loop/router_stats.py)."""
+the plain token loss or the masked loss of fine-tuning data (SFT), each whole or chunked, or a preference objective
+(DPO, IPO, SimPO). The router statistics of every MoE layer (expert counts, losses, dropped assignments;
+ms_llm.nn.moe.STAT_NAMES) are its aux output, summed by the step into the `router_stats` buffer that the trainer
+reads once per log interval (train/loop/router_stats.py)."""
 from mindspore import ops
 
 from ms_llm.nn.moe import STAT_NAMES
-from ms_llm.train.losses.composed import ComposedLoss
 from ms_llm.train.losses.part import Term
-from ms_llm.train.losses.token import WholeTokens
 
 
 class RouterTerm(Term):
@@ -22,7 +20,7 @@ class RouterTerm(Term):
     reads_router = True
 
     @classmethod
-    def applies(cls, cfg, parallel, manifest):
+    def applies(cls, cfg, manifest):
         return cfg.model.moe is not None
 
     @classmethod
@@ -36,13 +34,3 @@ class RouterTerm(Term):
     def train(self, router_aux, router_stats):
         return router_aux, (ops.stack(router_stats),)
 
-
-class RoutedLoss(ComposedLoss):
-    """A mixture of experts on plain text: the token objective over the whole logits plus the router term."""
-
-    @classmethod
-    def applies(cls, cfg, parallel, manifest):
-        return cfg.model.moe is not None
-
-    def __init__(self, model, accum):
-        super().__init__(model, accum, WholeTokens(), [RouterTerm(model.num_moe_layers, model.router_experts)])

@@ -89,16 +89,15 @@ def describe_masked_data(cfg, manifest, log):
            if documents(cfg, manifest) else ""))
 
 
-def load_extra_val(state, cfg, parallel, manifest, model, backend, dp, data_rank, accum):
-    """data.extra_val's validation batches (and the plain loss they are evaluated with), checked against the
-    training data."""
+def load_extra_val(state, cfg, manifest, dp, data_rank, accum):
+    """data.extra_val's validation batches, checked against the training data. Returns its manifest (the session
+    chooses the loss they are evaluated with from it), or None without data.extra_val."""
     path = cfg.data.extra_val
     if not path or state is None:
-        return
+        return None
     from ms_llm.data.loader import eval_batches
     from ms_llm.data.manifest import load_manifest
     from ms_llm.data.tokenizers import same_tokenizer
-    from ms_llm.train import losses
 
     extra = load_manifest(path)
     if not same_tokenizer(extra["tokenizer"], manifest["tokenizer"]):
@@ -114,7 +113,7 @@ def load_extra_val(state, cfg, parallel, manifest, model, backend, dp, data_rank
                         f"plain text (the base model's domain), to see what fine-tuning costs there.")
     state.extra_val = eval_batches(path, extra, cfg.train.micro_batch_size, cfg.train.eval_steps, dp, data_rank,
                                    cfg.model.seq_length, cfg.data.num_workers, accum)
-    state.extra_loss = losses.choose(cfg, parallel, extra, model, backend, dp)
+    return extra
 
 
 # --- LoRA weights -----------------------------------------------------------------------------------------
