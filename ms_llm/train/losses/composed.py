@@ -20,14 +20,15 @@ preference pairs with its router term. The terms are differentiated with the obj
 are added to it scaled. `aux` is the objective's aux outputs, then each term's (one per entry of `aux_shapes`, in
 that order). In evaluation the objective's outputs alone (the terms train, they are not measured by val_loss).
 
-The host side (`inputs`, `prepare`, `log_fields`, `eval_sums`, `eval_record`) is the objective's: its columns (the
-loss mask's weights, the preference pairs and their reference) follow `ids` in the cell's arguments. The model is
+The host side (`inputs`, `prepare`, `log_fields`, `eval_sums`, `eval_record`) is the objective's when it reads
+columns beyond the ids (the loss mask's weights, the preference pairs and their reference, which follow `ids` in the
+cell's arguments); on plain text the ids alone and the mean loss, here. The model is
 read through `forward_layers` (hidden states, router aux loss, router statistics) when a term needs the router, else
 through its call (logits) or `hidden_states` and `head_weight` (the chunked objective), nothing else.
 """
 from mindspore import nn
 
-from ms_llm.train.losses.base import Loss
+from ms_llm.train.losses.base import Loss, mean_loss_record, mean_loss_sums
 
 
 class ComposedLoss(Loss):
@@ -38,26 +39,29 @@ class ComposedLoss(Loss):
         self.objective = objective
         self.terms = nn.CellList(list(terms))
         self.routed = any(t.reads_router for t in terms)
-        self.sums_tokens = objective.sums_tokens
+        self.sums_tokens, self.has_columns = objective.sums_tokens, objective.has_columns
         self.aux_shapes = tuple(objective.aux_shapes) + tuple(s for t in terms for s in t.aux_shapes)
         self.set_train(True)
 
-    # --- host side: the objective's ---------------------------------------------------------------------------
+    # --- host side: the objective's, or plain text's (the ids alone, the mean loss) ------------------------------
 
     def inputs(self, batches, count=True):
+        if not self.has_columns:
+            return [(b,) for b in batches]
         return self.objective.inputs(batches, count, self.training)
 
     def prepare(self, session, log, resumed=False):
-        self.objective.prepare(self, session, log, resumed)
+        if self.has_columns:
+            self.objective.prepare(self, session, log, resumed)
 
     def log_fields(self):
-        return self.objective.log_fields()
+        return self.objective.log_fields() if self.has_columns else {}
 
     def eval_sums(self, outputs):
-        return self.objective.eval_sums(outputs)
+        return self.objective.eval_sums(outputs) if self.has_columns else mean_loss_sums(outputs)
 
     def eval_record(self, sums, ranks):
-        return self.objective.eval_record(sums, ranks)
+        return self.objective.eval_record(sums, ranks) if self.has_columns else mean_loss_record(sums, ranks)
 
     # --- the graph ---------------------------------------------------------------------------------------------
 

@@ -78,6 +78,8 @@ class PairObjective(Objective):
     stats (7,)), to which a mixture of experts' router term is added like to any other (composed.py). See the module
     docstring."""
 
+    has_columns = True
+
     @classmethod
     def of(cls, cfg):
         p = settings(cfg)  # a preference dataset without finetune.preference: its defaults (DPO, beta 0.1)
