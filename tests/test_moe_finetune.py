@@ -109,7 +109,7 @@ def test_the_moe_masked_loss_is_the_dense_masked_loss_plus_the_router_term():
 def test_the_moe_pair_loss_is_the_dense_pair_loss_plus_the_router_term():
     """A preference dataset on an MoE model: the pair objective evaluated alone (the same model and inputs, no
     router term) plus the router term is what is differentiated; both aux buffers come back, in aux_shapes' order."""
-    from ms_llm.train.losses.preference import PreferenceLoss
+    from ms_llm.train.losses import PreferenceLoss
 
     cfg, model = moe_model()
     loss = chosen_loss(cfg, model, PAIRS)

@@ -110,8 +110,8 @@ class _ChunkMath(nn.Cell):
 class ChunkedCrossEntropy(nn.Cell):
     """(x (N, h) compute dtype, head weight (V, h) float32, targets (N,) int32, token weights (N,) float32,
     denominator () (> 0), grad_scale ()) → (grad_scale · loss, loss, dx, dweight), loss = Σ w·ce / denominator in
-    float32, over `chunk` tokens at a time. Differentiate the first output; dx and dweight are the gradients of grad_scale · loss, returned
-    for the Cell's own backward."""
+    float32, over `chunk` tokens at a time. Differentiate the first output; dx and dweight are the gradients of
+    grad_scale · loss, returned for the Cell's own backward."""
 
     def __init__(self, chunk, compute_dtype=ms.float32, backend=PORTABLE):
         super().__init__()

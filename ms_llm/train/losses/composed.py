@@ -22,9 +22,9 @@ that order). In evaluation the objective's outputs alone (the terms train, they 
 
 The host side (`inputs`, `prepare`, `log_fields`, `eval_sums`, `eval_record`) is the objective's when it reads
 columns beyond the ids (the loss mask's weights, the preference pairs and their reference, which follow `ids` in the
-cell's arguments); on plain text the ids alone and the mean loss, here. The model is
-read through `forward_layers` (hidden states, router aux loss, router statistics) when a term needs the router, else
-through its call (logits) or `hidden_states` and `head_weight` (the chunked objective), nothing else.
+cell's arguments); on plain text the ids alone and the mean loss, here. The model is read through `forward_layers`
+(hidden states, router aux loss, router statistics) when a term needs the router, else through its call (logits) or
+`hidden_states` and `head_weight` (the chunked objective), nothing else.
 """
 from mindspore import nn
 

@@ -2,7 +2,6 @@
 from mindspore import nn
 
 
-
 class Objective(nn.Cell):
     """What the run trains the model's output on.
 
