@@ -11,8 +11,10 @@ from ms_llm.config import load_config
 SEQ = 24
 
 
-def random_model(*sets):
-    """A tiny model whose weights are redrawn large enough that its logits are spread (no near-ties for argmax)."""
+def random_model(*sets, cpu_kernels=True):
+    """A tiny model whose weights are redrawn large enough that its logits are spread (no near-ties for argmax).
+    With the fused CPU kernels (the default on CPU) a decode step attends with one kernel per layer; without them
+    with the composition that every other backend runs."""
     import mindspore as ms
 
     from model_zoo import build_model
@@ -20,7 +22,7 @@ def random_model(*sets):
 
     cfg = load_config(None, ["model.vocab_size=50", "model.num_layers=2", "model.hidden_size=32", "model.num_heads=4",
                              f"model.seq_length={SEQ}", *sets])
-    model = build_model(cfg.model, "float32", for_device(ms.get_context("device_target"), True))
+    model = build_model(cfg.model, "float32", for_device(ms.get_context("device_target"), cpu_kernels))
     rng = np.random.default_rng(0)
     for p in model.get_parameters():
         if "norm" not in p.name:
@@ -48,16 +50,20 @@ def greedy(model, prompts, n, batch_size):
     from ms_llm.generate import Generator, next_token
 
     generator = Generator(model, SEQ, batch_size)
+    assert generator.step.fused == model.layers[0].attention.fused_heads  # the decode path the model was built for
     in_graph = generator.generate(prompts, n)
     on_host = generator.generate(prompts, n, lambda _, logits: next_token(logits))
     assert in_graph == on_host
     return in_graph
 
 
-def test_kv_cache_greedy_tokens_are_the_full_window_ones_op_by_op():
-    """The cache's arithmetic, op by op (no compile): a GPT-2 (learned positions) within its context."""
+@pytest.mark.parametrize("cpu_kernels", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["fused", "composed"])
+def test_kv_cache_greedy_tokens_are_the_full_window_ones_op_by_op(cpu_kernels):
+    """The cache's arithmetic, op by op (no compile): a GPT-2 (learned positions) within its context, decoding with
+    the fused kernel and with the composition."""
     with op_by_op():
-        model = random_model()
+        model = random_model(cpu_kernels=cpu_kernels)
+        assert model.layers[0].attention.fused_heads == cpu_kernels
         assert greedy(model, [[3, 1, 4]], 4, 1)[0] == full_window(model, [3, 1, 4], 4)
 
 
@@ -77,3 +83,55 @@ def test_kv_cache_greedy_tokens_are_the_full_window_ones(family):
         assert tokens == full_window(model, prompt, 40), f"prompt of {len(prompt)} tokens"
     long = rng.integers(0, 50, 30).tolist()
     assert greedy(model, [long], 10, 4)[0] == full_window(model, long, 10), "a prompt longer than the context"
+
+
+def attention_reference(q, keys, values, pos, window, scale):
+    """float64 softmax((q·scale) kᵀ) v of one query per head over positions 0..pos[b] (the last `window` of them);
+    q (B, H, D), keys and values (B, KV, S, D), query head h reading key/value head h // (H / KV)."""
+    b, h, d = q.shape
+    groups = h // keys.shape[1]
+    out = np.zeros((b, h, d))
+    for bi in range(b):
+        lo = max(0, pos[bi] - window + 1) if window else 0
+        for hi in range(h):
+            k, v = keys[bi, hi // groups, lo:pos[bi] + 1], values[bi, hi // groups, lo:pos[bi] + 1]
+            s = k.astype(np.float64) @ (q[bi, hi].astype(np.float64) * scale)
+            p = np.exp(s - s.max())
+            out[bi, hi] = (p / p.sum()) @ v
+    return out
+
+
+@pytest.mark.parametrize("window", [0, 3])
+def test_the_decode_kernel_writes_the_cache_in_place_and_attends_over_the_tokens_so_far(window):
+    """DecodeAttention against float64: 3 rows at different positions (0, a middle one, the last slot), 8 query
+    heads on 2 key/value heads; the new key and value land at each row's position and nowhere else."""
+    import mindspore as ms
+    from mindspore import Parameter, nn
+
+    from ms_llm.nn import cpu_kernels
+
+    if cpu_kernels.library() is None:
+        pytest.skip(f"no kernels: {cpu_kernels.build_error()}")
+    b, h, kv, s, d = 3, 8, 2, 16, 8
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal(shape).astype(np.float32) for shape in ((b, h, 1, d), (b, kv, 1, d), (b, kv, 1, d)))
+    keys, values = (rng.standard_normal((b, kv, s, d)).astype(np.float32) for _ in range(2))
+    pos = np.array([0, 9, s - 1], np.int32)
+
+    class Step(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.attend = cpu_kernels.op("decode_attention")
+            self.keys, self.values = Parameter(ms.Tensor(keys), "k"), Parameter(ms.Tensor(values), "v")
+
+        def construct(self, q, k, v, pos, window, scale):
+            return self.attend(q, k, v, self.keys, self.values, pos, window, scale)
+
+    step = Step()
+    y = step(*map(ms.Tensor, (q, k, v, pos)), ms.Tensor([window], ms.int32), ms.Tensor([0.5], ms.float32)).asnumpy()
+    want_keys, want_values = keys.copy(), values.copy()
+    want_keys[np.arange(b), :, pos], want_values[np.arange(b), :, pos] = k[:, :, 0], v[:, :, 0]
+    np.testing.assert_array_equal(step.keys.asnumpy(), want_keys)
+    np.testing.assert_array_equal(step.values.asnumpy(), want_values)
+    np.testing.assert_allclose(y[:, :, 0], attention_reference(q[:, :, 0], want_keys, want_values, pos, window, 0.5),
+                               rtol=1e-5, atol=1e-6)

@@ -17,6 +17,12 @@ pos[b] and attends to 0..pos[b] (within the sliding window where the model has o
 length hold prompt padding or nothing: they are masked, then overwritten as the row grows. With grouped-query
 attention the `groups` query heads of a key/value head attend to its cache as one (groups, D) block, so the cache is
 never repeated per query head. Scores, mask and softmax are float32, as in training.
+
+A model built with the fused float32 CPU kernels decodes with one of them per layer (`DecodeAttention` in
+ms_llm/nn/cpu_kernels): it writes the new key and value into the cache in place and attends over positions 0..pos
+only. The composition in its place (every other backend) pays twice for the whole cache at every step on CPU:
+MindSpore's ScatterNdUpdate copies the whole cache to its output, and the masked attention reads every position
+(docs/evaluation.md measures both).
 """
 import numpy as np
 
@@ -111,6 +117,15 @@ class DecodeStep(nn.Cell):
         self.pv = ops.BatchMatMul()
         self.softmax = ops.Softmax(-1)
         self.argmax = ops.Argmax(-1, ms.int32)
+        # the fused kernels are in use where the attention splits its heads with them (CPU, float32)
+        self.fused = all(layer.attention.fused_heads for layer in model.layers)
+        if self.fused:
+            from ms_llm.nn import cpu_kernels
+
+            self.decode_attention = cpu_kernels.op("decode_attention")
+            cores = [layer.attention.core for layer in model.layers]
+            self.windows = [ms.Tensor([core.window or 0], ms.int32) for core in cores]  # 0: no sliding window
+            self.scales = [ms.Tensor([core.scale], ms.float32) for core in cores]
 
     def construct(self, token, pos):
         m, c = self.model, self.cache
@@ -123,9 +138,13 @@ class DecodeStep(nn.Cell):
         for layer in m.layers:
             attn = layer.attention
             q, k, v = attn.heads(layer.attn_norm(x), positions)
-            keys = ops.scatter_nd_update(c.keys[i], at, k.squeeze(2))
-            values = ops.scatter_nd_update(c.values[i], at, v.squeeze(2))
-            x = x + attn.output(self.attend(attn.core, q, keys, values, slots, positions))
+            if self.fused:  # writes k and v into the cache in place; nothing else in this graph reads the cache
+                y = self.decode_attention(q, k, v, c.keys[i], c.values[i], pos, self.windows[i], self.scales[i])
+            else:
+                keys = ops.scatter_nd_update(c.keys[i], at, k.squeeze(2))
+                values = ops.scatter_nd_update(c.values[i], at, v.squeeze(2))
+                y = self.attend(attn.core, q, keys, values, slots, positions)
+            x = x + attn.output(y)
             x = x + _mlp(layer, x)
             i += 1
         logits = m.logits(m.final_norm(x)).reshape(b, -1)

@@ -171,8 +171,16 @@ def _softmax_cross_entropy_loss():
     return custom("SoftmaxCrossEntropyLoss", lambda x, t: [x[0]], lambda x, t: x)
 
 
+def _decode_attention():
+    """(q (B, H, 1, D), k, v (B, KV, 1, D), key cache, value cache (B, KV, S, D), pos (B,) int32, window (1,)
+    int32, scale (1,) float32) → y (B, H, 1, D); k and v are written into the caches at pos, in place. No bprop:
+    generation only."""
+    return custom("DecodeAttention", lambda q, k, v, kc, vc, pos, window, scale: q,
+                  lambda q, k, v, kc, vc, pos, window, scale: q)
+
+
 _BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares,
              "causal_softmax": _causal_softmax, "softmax_cross_entropy": _softmax_cross_entropy,
              "softmax_cross_entropy_loss": _softmax_cross_entropy_loss, "heads_split": _heads_split,
              "swap_middle_axes": _swap_middle_axes, "gelu_tanh_grad": _gelu_tanh_grad,
-             "causal_softmax_grad": _causal_softmax_grad}
+             "causal_softmax_grad": _causal_softmax_grad, "decode_attention": _decode_attention}

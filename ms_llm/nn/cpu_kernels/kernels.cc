@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -307,5 +308,71 @@ extern "C" int SwapMiddleAxes(int, void **params, int *, int64_t **shapes, const
     for (int64_t i = 0; i < m; i++)
       for (int64_t j = 0; j < n; j++)
         std::memcpy(y + ((bi * n + j) * m + i) * d, x + ((bi * m + i) * n + j) * d, d * sizeof(float));
+  return 0;
+}
+
+// One decode step's attention against a KV cache, writing the cache in place. MindSpore's ScatterNdUpdate
+// copies the whole cache to its output on every call (at batch 8 that copy cost as much as the attention), and
+// its BatchMatMul reads the whole cache where only positions 0..pos hold keys.
+//
+// Inputs: q (B, H, 1, D) float32; the new key and value k, v (B, KV, 1, D); the key and value caches (B, KV, S, D),
+// written at position pos[b] of row b; pos (B,) int32; window (1,) int32, 0 for none; scale (1,) float32.
+// Output: y (B, H, 1, D): for each query head, softmax((q·scale)·k_t) over t = lo..pos[b] (lo = pos - window + 1
+// with a sliding window, else 0), then Σ p_t v_t, the softmax's masked entries being exactly 0 as in
+// softmax(scores + -1e9 mask). Query heads h = j·G..j·G+G-1 share key/value head j (grouped-query attention).
+extern "C" int DecodeAttention(int, void **params, int *, int64_t **shapes, const char **, void *, void *) {
+  const float *q = static_cast<const float *>(params[0]);
+  const float *k = static_cast<const float *>(params[1]);
+  const float *v = static_cast<const float *>(params[2]);
+  float *key_cache = static_cast<float *>(params[3]);
+  float *value_cache = static_cast<float *>(params[4]);
+  const int32_t *pos = static_cast<const int32_t *>(params[5]);
+  const int32_t window = *static_cast<const int32_t *>(params[6]);
+  const float scale = *static_cast<const float *>(params[7]);
+  float *y = static_cast<float *>(params[8]);
+  const int64_t b = shapes[0][0], h = shapes[0][1], d = shapes[0][3], kv = shapes[1][1], s = shapes[3][2];
+  const int64_t groups = h / kv;
+  static thread_local std::vector<float> scratch;  // one scaled query head, then one row of probabilities
+  scratch.resize(d + s);
+  float *qs = scratch.data(), *p = scratch.data() + d;
+  for (int64_t bi = 0; bi < b; bi++) {
+    const int64_t at = pos[bi];
+    if (at < 0 || at >= s) return 1;
+    const int64_t lo = window > 0 && at - window + 1 > 0 ? at - window + 1 : 0;
+    for (int64_t j = 0; j < kv; j++) {
+      float *kc = key_cache + (bi * kv + j) * s * d;
+      float *vc = value_cache + (bi * kv + j) * s * d;
+      std::memcpy(kc + at * d, k + (bi * kv + j) * d, d * sizeof(float));
+      std::memcpy(vc + at * d, v + (bi * kv + j) * d, d * sizeof(float));
+      for (int64_t g = 0; g < groups; g++) {
+        const int64_t head = bi * h + j * groups + g;
+#pragma omp simd
+        for (int64_t c = 0; c < d; c++) qs[c] = q[head * d + c] * scale;
+        float mx = -INFINITY;
+        for (int64_t t = lo; t <= at; t++) {
+          const float *kt = kc + t * d;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t c = 0; c < d; c++) dot += qs[c] * kt[c];
+          p[t] = dot;
+          mx = fmaxf(mx, dot);
+        }
+        float sum = 0.0f;
+        for (int64_t t = lo; t <= at; t++) {
+          p[t] = expf(p[t] - mx);
+          sum += p[t];
+        }
+        const float inv = 1.0f / sum;
+        float *yh = y + head * d;
+        std::memset(yh, 0, d * sizeof(float));
+        for (int64_t t = lo; t <= at; t++) {
+          const float w = p[t] * inv;
+          const float *vt = vc + t * d;
+#pragma omp simd
+          for (int64_t c = 0; c < d; c++) yh[c] += w * vt[c];
+        }
+      }
+    }
+  }
   return 0;
 }
