@@ -11,10 +11,8 @@ from ms_llm.config import load_config
 SEQ = 24
 
 
-def random_model(*sets, cpu_kernels=True):
-    """A tiny model whose weights are redrawn large enough that its logits are spread (no near-ties for argmax).
-    With the fused CPU kernels (the default on CPU) a decode step attends with one kernel per layer; without them
-    with the composition that every other backend runs."""
+def random_model(*sets):
+    """A tiny model whose weights are redrawn large enough that its logits are spread (no near-ties for argmax)."""
     import mindspore as ms
 
     from model_zoo import build_model
@@ -22,7 +20,7 @@ def random_model(*sets, cpu_kernels=True):
 
     cfg = load_config(None, ["model.vocab_size=50", "model.num_layers=2", "model.hidden_size=32", "model.num_heads=4",
                              f"model.seq_length={SEQ}", *sets])
-    model = build_model(cfg.model, "float32", for_device(ms.get_context("device_target"), cpu_kernels))
+    model = build_model(cfg.model, "float32", for_device(ms.get_context("device_target"), True))
     rng = np.random.default_rng(0)
     for p in model.get_parameters():
         if "norm" not in p.name:
@@ -44,27 +42,28 @@ def full_window(model, ids, n):
     return ids[-n:]
 
 
-def greedy(model, prompts, n, batch_size):
+def greedy(model, prompts, n, batch_size, fused=True):
     """Greedy tokens both ways: the argmax in the decode graph (the default) and on the host from the logits (the
-    path sampling takes); they must agree."""
+    path sampling takes); they must agree. `fused`: decoding with the fused CPU kernel (where the model has the CPU
+    kernels), else with the composition every other backend runs."""
     from ms_llm.generate import Generator, next_token
 
-    generator = Generator(model, SEQ, batch_size)
-    assert generator.step.fused == model.layers[0].attention.fused_heads  # the decode path the model was built for
+    generator = Generator(model, SEQ, batch_size, fused_decode=fused)
+    assert generator.step.fused == (fused and model.layers[0].attention.fused_heads)
     in_graph = generator.generate(prompts, n)
     on_host = generator.generate(prompts, n, lambda _, logits: next_token(logits))
     assert in_graph == on_host
     return in_graph
 
 
-@pytest.mark.parametrize("cpu_kernels", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["fused", "composed"])
-def test_kv_cache_greedy_tokens_are_the_full_window_ones_op_by_op(cpu_kernels):
+@pytest.mark.parametrize("fused", [True, False], ids=["fused", "composed"])
+def test_kv_cache_greedy_tokens_are_the_full_window_ones_op_by_op(fused):
     """The cache's arithmetic, op by op (no compile): a GPT-2 (learned positions) within its context, decoding with
     the fused kernel and with the composition."""
     with op_by_op():
-        model = random_model(cpu_kernels=cpu_kernels)
-        assert model.layers[0].attention.fused_heads == cpu_kernels
-        assert greedy(model, [[3, 1, 4]], 4, 1)[0] == full_window(model, [3, 1, 4], 4)
+        model = random_model()
+        assert model.layers[0].attention.fused_heads  # the CPU kernels, so that `fused` picks the path
+        assert greedy(model, [[3, 1, 4]], 4, 1, fused)[0] == full_window(model, [3, 1, 4], 4)
 
 
 @pytest.mark.slow

@@ -108,9 +108,10 @@ class Prefill(nn.Cell):
 
 class DecodeStep(nn.Cell):
     """One new token per row against the cache: its key and value written at `pos`, attention over 0..pos; the
-    logits, or with `greedy` the argmax token (the first of equal maxima, as numpy's), computed in the graph."""
+    logits, or with `greedy` the argmax token (the first of equal maxima, as numpy's), computed in the graph.
+    `fused`: False takes the composition where the model has the fused kernel (to compare the two)."""
 
-    def __init__(self, model, cache, greedy=False):
+    def __init__(self, model, cache, greedy=False, fused=True):
         super().__init__(auto_prefix=False)
         self.model, self.cache, self.greedy = model, cache, greedy
         self.qk = ops.BatchMatMul(transpose_b=True)
@@ -118,7 +119,7 @@ class DecodeStep(nn.Cell):
         self.softmax = ops.Softmax(-1)
         self.argmax = ops.Argmax(-1, ms.int32)
         # the fused kernels are in use where the attention splits its heads with them (CPU, float32)
-        self.fused = all(layer.attention.fused_heads for layer in model.layers)
+        self.fused = fused and all(layer.attention.fused_heads for layer in model.layers)
         if self.fused:
             from ms_llm.nn import cpu_kernels
 
