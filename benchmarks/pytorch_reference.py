@@ -14,6 +14,8 @@ and ms_llm do), grouped-query attention (--kv-heads), a SwiGLU MLP whose gate an
 ms_llm, no biases; --untied gives it its own LM head. Initialisation as ms_llm's: normal(0, 0.02), the residual
 projections 0.02 / sqrt(2 layers), norms at 1. benchmarks/side_by_side.py derives all of these from an ms_llm config.
 
+The JSON line at the end carries the cores other processes kept busy while it trained (`other_cores`).
+
 PyTorch is not a dependency of ms_llm: `pip install torch==2.13.0` to run this.
 
   python benchmarks/pytorch_reference.py --steps 2000 --sampling random   # final val loss
@@ -232,7 +234,24 @@ def main():
     no_decay = [p for p in model.parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": no_decay, "weight_decay": 0.0}],
                             lr=1e-3, betas=(0.9, 0.99), eps=1e-8)
+    from ms_llm.diagnose.measure import HostMeter
+
     times = []
+    host = HostMeter(own=resource.RUSAGE_SELF)
+    with host:  # the cores other processes kept busy while this trained
+        train_steps(args, opt, model, forward, batch, evaluate, times)
+    steady = sorted(times[min(10, len(times) - 1):])
+    ms = 1e3 * float(np.median(steady))
+    result = {"framework": f"pytorch {torch.__version__}" + (" compiled" if args.compile else ""),
+              "threads": torch.get_num_threads(), "family": args.family,
+              "parameters": sum(p.numel() for p in model.parameters()), "tokens_per_step": args.batch * seq,
+              "ms_per_step": ms, "tokens_per_s": args.batch * seq / (ms / 1e3), "sampling": args.sampling,
+              "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "other_cores": host.other}
+    print(json.dumps(result))
+
+
+def train_steps(args, opt, model, forward, batch, evaluate, times):
+    """args.steps steps of the recipe, each one's time (data excluded) appended to `times`."""
     for step in range(args.steps):
         b = batch(step)
         t0 = time.perf_counter()
@@ -246,14 +265,6 @@ def main():
         times.append(time.perf_counter() - t0)
         if args.eval_every and ((step + 1) % args.eval_every == 0 or step + 1 == args.steps):
             print(f"step {step + 1}: train loss {loss.item():.4f}, val loss {evaluate():.4f}", flush=True)
-    steady = sorted(times[min(10, len(times) - 1):])
-    ms = 1e3 * float(np.median(steady))
-    result = {"framework": f"pytorch {torch.__version__}" + (" compiled" if args.compile else ""),
-              "threads": torch.get_num_threads(), "family": args.family,
-              "parameters": sum(p.numel() for p in model.parameters()), "tokens_per_step": args.batch * seq,
-              "ms_per_step": ms, "tokens_per_s": args.batch * seq / (ms / 1e3), "sampling": args.sampling,
-              "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
-    print(json.dumps(result))
 
 
 if __name__ == "__main__":
