@@ -120,6 +120,11 @@ def _sum_squares():
     return custom("SumSquares", lambda x: [1], lambda x: x)
 
 
+def _sum_squares_all():
+    """(x_1, ..., x_n) → [Σ x_1², ..., added in order as AddN adds]: the squared norm of a step's gradients."""
+    return custom("SumSquaresAll", lambda *x: [1], lambda *x: x[0])
+
+
 def _causal_softmax_grad():
     """(softmax output y, its gradient dy) → the gradient of the scores."""
     return custom("CausalSoftmaxBwd", lambda y, dy: y, lambda y, dy: y)
@@ -180,6 +185,7 @@ def _decode_attention():
 
 
 _BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares,
+             "sum_squares_all": _sum_squares_all,
              "causal_softmax": _causal_softmax, "softmax_cross_entropy": _softmax_cross_entropy,
              "softmax_cross_entropy_loss": _softmax_cross_entropy_loss, "heads_split": _heads_split,
              "swap_middle_axes": _swap_middle_axes, "gelu_tanh_grad": _gelu_tanh_grad,

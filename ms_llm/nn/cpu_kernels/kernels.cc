@@ -137,11 +137,9 @@ extern "C" int LayerNormBwd(int, void **params, int *ndims, int64_t **shapes, co
   return 0;
 }
 
-// The sum of squares of every element: a 1-element float32 output.
-extern "C" int SumSquares(int, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
-  const float *x = static_cast<const float *>(params[0]);
-  float *out = static_cast<float *>(params[1]);
-  const int64_t n = numel(ndims[0], shapes[0]);
+// The sum of squares of n floats. Not inlined: SumSquares and SumSquaresAll run the same machine code, so that
+// their sums are bit for bit the same.
+__attribute__((noinline)) float sum_squares(const float *x, int64_t n) {
   double total = 0.0;
   const int64_t block = 4096;  // float partial sums per block, double across blocks: accurate and vectorised
   for (int64_t start = 0; start < n; start += block) {
@@ -151,7 +149,27 @@ extern "C" int SumSquares(int, void **params, int *ndims, int64_t **shapes, cons
     for (int64_t i = start; i < end; i++) partial += x[i] * x[i];
     total += partial;
   }
-  out[0] = static_cast<float>(total);
+  return static_cast<float>(total);
+}
+
+// The sum of squares of every element: a 1-element float32 output.
+extern "C" int SumSquares(int, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  static_cast<float *>(params[1])[0] = sum_squares(static_cast<const float *>(params[0]), numel(ndims[0], shapes[0]));
+  return 0;
+}
+
+// The sum of squares of every element of every input (the gradients of a step): one kernel in place of a
+// SumSquares per input and the AddN of their results, and bit for bit their value: each input's sum as SumSquares
+// computes it, then added in float32 in input order as MindSpore's AddN adds (the first two, then each next one
+// to the running sum). `volatile` keeps -ffast-math from reordering those additions. Output: 1 float32.
+extern "C" int SumSquaresAll(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  const int inputs = nparam - 1;
+  volatile float total = sum_squares(static_cast<const float *>(params[0]), numel(ndims[0], shapes[0]));
+  for (int k = 1; k < inputs; k++) {
+    const float next = sum_squares(static_cast<const float *>(params[k]), numel(ndims[k], shapes[k]));
+    total = total + next;
+  }
+  static_cast<float *>(params[inputs])[0] = total;
   return 0;
 }
 
