@@ -7,7 +7,7 @@ from ms_llm.nn import cpu_kernels
 from ms_llm.nn.backend import Backend
 from ms_llm.nn.activations import GeluTanh
 from ms_llm.nn.norms import LayerNorm
-from ms_llm.train.step import squared_norm, sum_of_squares
+from ms_llm.train.step import scaled, squared_norm, sum_of_squares
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason=f"no kernels: {cpu_kernels.build_error()}")
@@ -155,6 +155,30 @@ def test_one_kernel_over_all_gradients_is_bit_for_bit_the_addn_of_each():
     assert np.float32(1e8 + 20) != np.float32(1e8) and np.float32(1e8 + 5) != np.float32(100000016.0)
     poisoned = grads[:2] + [ms.Tensor(np.full((7,), np.inf, np.float32))] + grads[2:]
     assert np.isinf(fused(*poisoned).asnumpy())
+
+
+class Scaled(ms.nn.Cell):
+    """A step's gradients times its unscale-and-clip factor, by one kernel (fused) or by a Mul each."""
+
+    def __init__(self, fused):
+        super().__init__()
+        self.op = cpu_kernels.op("scale_all") if fused else None
+        self.hyper_map = ms.ops.HyperMap()
+
+    def construct(self, factor, *grads):
+        return scaled(grads, factor, self.hyper_map, self.op)
+
+
+def test_one_kernel_scaling_all_gradients_is_bit_for_bit_a_mul_each():
+    rng = np.random.default_rng(5)
+    grads = [ms.Tensor((rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 6)).astype(np.float32))
+             for shape in ((66, 128), (128,), (4099,), (1,), (7, 5, 3))]
+    factor = ms.Tensor(np.float32(0.3) / np.float32(65536.0))
+    fused, per_gradient = Scaled(True)(factor, *grads), Scaled(False)(factor, *grads)
+    assert len(fused) == len(grads)
+    for a, b, g in zip(fused, per_gradient, grads):
+        assert a.shape == g.shape and a.asnumpy().tobytes() == b.asnumpy().tobytes()
+    assert not np.array_equal(fused[0].asnumpy(), grads[0].asnumpy())
 
 
 def test_non_finite_values_propagate_through_fused_kernels():

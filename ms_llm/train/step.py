@@ -84,6 +84,14 @@ def squared_norm(grads, fused_all=None, fused_one=None):
     return ops.addn([sum_of_squares(g, fused_one) for g in grads])
 
 
+def scaled(grads, factor, hyper_map, fused_op=None):
+    """Every gradient times `factor`: with cpu_kernels in one kernel (the same float32 multiply as a Mul each, one
+    kernel launch in place of one per gradient)."""
+    if fused_op is not None:
+        return fused_op(*grads, factor.reshape((1,)))
+    return hyper_map(ops.partial(ops.mul, factor), grads)
+
+
 class StepState(nn.Cell):
     """Everything the step owns besides the model and optimizer: loss scale, counters, grad buffers, the sums of the
     loss's aux outputs."""
@@ -176,6 +184,7 @@ class TrainStep(nn.Cell):
         self.all_reduce = ops.AllReduce() if dp > 1 else None
         self.sum_squares = spec.backend.kernel("sum_squares")
         self.sum_squares_all = spec.backend.kernel("sum_squares_all")
+        self.scale_all = spec.backend.kernel("scale_all")
         self.set_train(True)  # the loss and the model inside train (dropout on, the loss's gradient path)
 
     def loss_and_grad(self):
@@ -214,7 +223,7 @@ class TrainStep(nn.Cell):
         factor = inv
         if self.clip > 0:
             factor = inv * ops.minimum(self.clip / (grad_norm + 1e-6), 1.0)
-        grads = self.hyper_map(ops.partial(ops.mul, factor), grads)
+        grads = scaled(grads, factor, self.hyper_map, self.scale_all)
         lr = st.lr_table[ops.minimum(st.global_step, self.last_step)] * st.lr_scale
         update = finite
         code = ops.select(finite, ops.zeros((), ms.int32), ops.ones((), ms.int32))

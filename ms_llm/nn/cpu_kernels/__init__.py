@@ -125,6 +125,11 @@ def _sum_squares_all():
     return custom("SumSquaresAll", lambda *x: [1], lambda *x: x[0])
 
 
+def _scale_all():
+    """(x_1, ..., x_n, factor) → (x_1 * factor, ..., x_n * factor): a step's gradients unscaled and clipped."""
+    return custom("ScaleAll", lambda *x: list(x[:-1]), lambda *x: list(x[:-1]))
+
+
 def _causal_softmax_grad():
     """(softmax output y, its gradient dy) → the gradient of the scores."""
     return custom("CausalSoftmaxBwd", lambda y, dy: y, lambda y, dy: y)
@@ -185,7 +190,7 @@ def _decode_attention():
 
 
 _BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares,
-             "sum_squares_all": _sum_squares_all,
+             "sum_squares_all": _sum_squares_all, "scale_all": _scale_all,
              "causal_softmax": _causal_softmax, "softmax_cross_entropy": _softmax_cross_entropy,
              "softmax_cross_entropy_loss": _softmax_cross_entropy_loss, "heads_split": _heads_split,
              "swap_middle_axes": _swap_middle_axes, "gelu_tanh_grad": _gelu_tanh_grad,
