@@ -134,3 +134,33 @@ def test_the_decode_kernel_writes_the_cache_in_place_and_attends_over_the_tokens
     np.testing.assert_array_equal(step.values.asnumpy(), want_values)
     np.testing.assert_allclose(y[:, :, 0], attention_reference(q[:, :, 0], want_keys, want_values, pos, window, 0.5),
                                rtol=1e-5, atol=1e-6)
+
+
+def test_the_decode_rotation_and_rms_norm_kernels_are_the_model_s_own():
+    """DecodeRope against the model's RotaryEmbedding at each row's position (a Llama 3 scaled table, 3 rows at
+    positions 0, 5 and the last), and RmsNormFwd against RMSNorm, both op by op."""
+    import mindspore as ms
+
+    from ms_llm.nn import cpu_kernels
+    from ms_llm.nn.norms import RMSNorm
+    from ms_llm.nn.rope import RotaryEmbedding
+
+    if cpu_kernels.library() is None:
+        pytest.skip(f"no kernels: {cpu_kernels.build_error()}")
+    from ms_llm.config.schema import RopeScalingConfig
+
+    rng = np.random.default_rng(6)
+    with op_by_op():
+        rope = RotaryEmbedding(16, 12, 500000.0, RopeScalingConfig(type="llama3", factor=8.0, low_freq_factor=1.0,
+                                                               high_freq_factor=4.0, original_max_position_embeddings=8))
+        q, k = rng.standard_normal((3, 4, 1, 16)).astype(np.float32), rng.standard_normal((3, 2, 1, 16)).astype(np.float32)
+        pos = np.array([0, 5, 11], np.int32)
+        got = cpu_kernels.op("decode_rope")(ms.Tensor(q), ms.Tensor(k), rope.cos, rope.sin, ms.Tensor(pos))
+        positions = ms.Tensor(pos.reshape(3, 1))
+        for x, y in zip((q, k), got):
+            np.testing.assert_allclose(y.asnumpy(), rope(ms.Tensor(x), positions).asnumpy(), rtol=1e-6, atol=1e-6)
+        norm = RMSNorm(24, 0.5)  # an epsilon that shows beside mean(x²) ~ 9
+        norm.weight.set_data(ms.Tensor(rng.uniform(0.5, 1.5, 24).astype(np.float32)))
+        x = (rng.standard_normal((5, 24)) * 3).astype(np.float32)
+        y = cpu_kernels.op("rms_norm")(ms.Tensor(x), norm.weight, ms.Tensor([0.5], ms.float32))
+        np.testing.assert_allclose(y.asnumpy(), norm(ms.Tensor(x)).asnumpy(), rtol=1e-5, atol=1e-6)

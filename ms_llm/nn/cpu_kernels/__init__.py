@@ -189,9 +189,21 @@ def _decode_attention():
                   lambda q, k, v, kc, vc, pos, window, scale: q)
 
 
+def _decode_rope():
+    """(q (B, H, 1, D), k (B, KV, 1, D), cos, sin (S, D), pos (B,) int32) → q, k rotated to their rows' positions.
+    Generation only (no bprop)."""
+    return custom("DecodeRope", lambda q, k, c, s, p: (q, k), lambda q, k, c, s, p: (q, k))
+
+
+def _rms_norm():
+    """(x (rows, cols), w (cols,), eps (1,)) → RMSNorm of each row. Forward only: generation uses it."""
+    return custom("RmsNormFwd", lambda x, w, eps: x, lambda x, w, eps: x)
+
+
 _BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares,
              "sum_squares_all": _sum_squares_all, "scale_all": _scale_all,
              "causal_softmax": _causal_softmax, "softmax_cross_entropy": _softmax_cross_entropy,
              "softmax_cross_entropy_loss": _softmax_cross_entropy_loss, "heads_split": _heads_split,
              "swap_middle_axes": _swap_middle_axes, "gelu_tanh_grad": _gelu_tanh_grad,
-             "causal_softmax_grad": _causal_softmax_grad, "decode_attention": _decode_attention}
+             "causal_softmax_grad": _causal_softmax_grad, "decode_attention": _decode_attention,
+             "decode_rope": _decode_rope, "rms_norm": _rms_norm}

@@ -410,3 +410,54 @@ extern "C" int DecodeAttention(int, void **params, int *, int64_t **shapes, cons
   }
   return 0;
 }
+
+// Rotary positions for one decode step, queries and keys in one kernel (MindSpore's composition is 16 kernels per
+// layer: slices, negations, concatenations, multiplies, adds). Inputs: q (B, H, 1, D), k (B, KV, 1, D), the tables
+// cos and sin (S, D), pos (B,) int32. Outputs: q and k rotated by row b's position pos[b], the two halves of each
+// head rotated (Hugging Face's layout): x * cos + concat(-x[D/2:], x[:D/2]) * sin.
+extern "C" int DecodeRope(int, void **params, int *, int64_t **shapes, const char **, void *, void *) {
+  const float *in[2] = {static_cast<const float *>(params[0]), static_cast<const float *>(params[1])};
+  const float *cos_t = static_cast<const float *>(params[2]);
+  const float *sin_t = static_cast<const float *>(params[3]);
+  const int32_t *pos = static_cast<const int32_t *>(params[4]);
+  float *out[2] = {static_cast<float *>(params[5]), static_cast<float *>(params[6])};
+  const int64_t b = shapes[0][0], d = shapes[0][3], half = d / 2, s = shapes[2][0];
+  const int64_t heads[2] = {shapes[0][1], shapes[1][1]};
+  for (int64_t bi = 0; bi < b; bi++) {
+    if (pos[bi] < 0 || pos[bi] >= s) return 1;
+    const float *c = cos_t + pos[bi] * d, *sn = sin_t + pos[bi] * d;
+    for (int part = 0; part < 2; part++)
+      for (int64_t h = 0; h < heads[part]; h++) {
+        const float *x = in[part] + (bi * heads[part] + h) * d;
+        float *y = out[part] + (bi * heads[part] + h) * d;
+#pragma omp simd
+        for (int64_t i = 0; i < half; i++) {
+          y[i] = x[i] * c[i] - x[i + half] * sn[i];
+          y[i + half] = x[i + half] * c[i + half] + x[i] * sn[i + half];
+        }
+      }
+  }
+  return 0;
+}
+
+// RMSNorm of the rows of a 2-D (rows, cols) input: x / sqrt(mean(x^2) + eps) * w, one kernel in place of MindSpore's
+// six. Inputs: x, w (cols,), eps (1 float32). Output: y.
+extern "C" int RmsNormFwd(int, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]);
+  float *y = static_cast<float *>(params[3]);
+  const int64_t cols = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / cols;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * cols;
+    float *yr = y + r * cols;
+    float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t c = 0; c < cols; c++) sq += xr[c] * xr[c];
+    const float rstd = 1.0f / sqrtf(sq / static_cast<float>(cols) + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; c++) yr[c] = xr[c] * rstd * w[c];
+  }
+  return 0;
+}
