@@ -18,11 +18,12 @@ length hold prompt padding or nothing: they are masked, then overwritten as the 
 attention the `groups` query heads of a key/value head attend to its cache as one (groups, D) block, so the cache is
 never repeated per query head. Scores, mask and softmax are float32, as in training.
 
-A model built with the fused float32 CPU kernels decodes with one of them per layer (`DecodeAttention` in
-ms_llm/nn/cpu_kernels): it writes the new key and value into the cache in place and attends over positions 0..pos
-only. The composition in its place (every other backend) pays twice for the whole cache at every step on CPU:
-MindSpore's ScatterNdUpdate copies the whole cache to its output, and the masked attention reads every position
-(docs/evaluation.md measures both).
+A model built with the fused float32 CPU kernels decodes with them (ms_llm/nn/cpu_kernels): per layer one
+(`DecodeAttention`) writes the new key and value into the cache in place and attends over positions 0..pos only,
+one rotates q and k, one computes each RMSNorm. The composition in their place (every other backend) pays twice for
+the whole cache at every step on CPU: MindSpore's ScatterNdUpdate copies the whole cache to its output, and the
+masked attention reads every position; and it launches 2-3 times as many kernels, each of which costs about as much
+as a small one's arithmetic (docs/evaluation.md; `benchmarks/generate_speed.py --composed` times both).
 """
 import numpy as np
 
