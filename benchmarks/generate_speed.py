@@ -4,16 +4,19 @@ alternating rounds in one process on the same machine: tokens/s of each and whet
   python benchmarks/generate_speed.py                       # a ~30M-parameter Qwen2 layout, 256 tokens after 32
   python benchmarks/generate_speed.py --family gpt2 --hidden 128 --layers 4 --heads 4 --vocab 66 --context 64 \\
          --prompt 8 --new 56                                # the quickstart's shape
+  python benchmarks/generate_speed.py --composed            # also ms_llm decoding with the composition
 
 The model is a random transformers model (weights redrawn so that its greedy path is no near-tie), saved with
 save_pretrained and converted in memory the way `ms-llm eval --hf` converts it. Both sides generate --batch
 sequences (different prompts of the same length) greedily for --new tokens; transformers with its own KV cache
 (use_cache, the default), ms_llm with its cache and the argmax in the decode graph. Each side is warmed up once
 (ms_llm compiles its prefill and decode graphs there); then --rounds alternating timed runs, and the ratio of the
-medians. Both use every core (torch's and MindSpore's default threads). Each round prints the cores other processes
+medians. Both use every core (torch's and MindSpore's default threads; `--threads N` sets both). Each round prints the cores other processes
 kept busy meanwhile (the host's busy time less this process's own): a ratio measured beside other work is not a
 quiet machine's. ms_llm's time per token is split into the prefill, the decode graphs and the host's work
-between them. Needs torch and transformers.
+between them. `--composed` adds a third side to every round: ms_llm decoding with the composition of MindSpore ops
+(what runs on every backend but CPU) in place of the fused CPU decode kernel, its greedy tokens checked too. Needs
+torch and transformers.
 """
 import argparse
 import inspect
@@ -66,9 +69,14 @@ def main():
     ap.add_argument("--new", type=int, default=256)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--composed", action="store_true", help="also time ms_llm decoding with the composition")
+    ap.add_argument("--threads", type=int, default=0, help="threads of both frameworks (default: each one's own)")
     args = ap.parse_args()
     os.environ.setdefault("GLOG_v", "3")
     import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     from ms_llm.eval.source import LoadedModel, build as build_ours, context_config, setup
     from ms_llm.config import from_dict
@@ -80,7 +88,8 @@ def main():
     with tempfile.TemporaryDirectory() as folder:
         theirs = build(args, folder)
         hf_cfg = hf.read_hf_config(folder)
-        cfg = validate_config(from_dict({"model": hf.model_section(hf_cfg), "train": {"seed": 0}}))
+        cfg = validate_config(from_dict({"model": hf.model_section(hf_cfg), "train": {"seed": 0},
+                                         "context": {"num_threads": args.threads or None}}))
         setup(cfg.context)
         cfg, context = context_config(cfg, None)
         tensors, _ = hf.read_hf_tensors(folder)
@@ -88,15 +97,17 @@ def main():
     n_params = sum(p.numel() for p in theirs.parameters())
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, args.vocab, args.prompt).tolist() for _ in range(args.batch)]
-    generator = Generator(model, context, args.batch)
-    phases = PhaseTimer(generator)
+    generators = {"ms_llm": Generator(model, context, args.batch)}
+    if args.composed:
+        generators["ms_llm composed"] = Generator(model, context, args.batch, fused_decode=False)
+    phases = {name: PhaseTimer(g) for name, g in generators.items()}
 
     # greedy in the graph (choose=None); an older generator (a before/after split) takes a host-side choice
     in_graph = inspect.signature(Generator.generate).parameters["choose"].default is None
     choose = None if in_graph else (lambda _, logits: next_token(logits))
 
-    def run_ours():
-        return generator.generate(prompts, args.new, choose)
+    def ours(generator):
+        return lambda: generator.generate(prompts, args.new, choose)
 
     def run_theirs():
         with torch.no_grad():
@@ -108,30 +119,35 @@ def main():
 
     print(f"{args.family}: {n_params / 1e6:.1f}M parameters, context {context}, batch {args.batch}, {args.new} new "
           f"tokens after {args.prompt}; torch {torch.__version__} ({torch.get_num_threads()} threads)", flush=True)
-    t0 = time.perf_counter()
-    ours_tokens = run_ours()
-    print(f"ms_llm warm-up (compiles prefill + decode): {time.perf_counter() - t0:.1f} s", flush=True)
-    theirs_tokens = run_theirs()
-    speeds, others = {"ms_llm": [], "transformers": []}, []
+    sides = {name: ours(g) for name, g in generators.items()}
+    sides["transformers"] = run_theirs
+    tokens = {}
+    for name, fn in sides.items():
+        t0 = time.perf_counter()
+        tokens[name] = fn()
+        if name != "transformers":
+            print(f"{name} warm-up (compiles prefill + decode): {time.perf_counter() - t0:.1f} s", flush=True)
+    speeds, others = {name: [] for name in sides}, []
     for r in range(args.rounds):
-        for name, fn in (("ms_llm", run_ours), ("transformers", run_theirs)):
-            phases.reset()
+        for name, fn in sides.items():
+            if name in phases:
+                phases[name].reset()
             with HostMeter(own=resource.RUSAGE_SELF) as host:
                 t0 = time.perf_counter()
-                tokens = fn()
-                s = sum(map(len, tokens)) / (time.perf_counter() - t0)
+                n = sum(map(len, fn()))
+                s = n / (time.perf_counter() - t0)
             speeds[name].append(s)
             others.append(host.other)
-            split = f" ({phases.line(args.new)})" if name == "ms_llm" else ""
+            split = f" ({phases[name].line(args.new)})" if name in phases else ""
             print(f"round {r + 1} {name}: {s:,.1f} tokens/s{split}; other processes on "
                   f"{'?' if host.other is None else f'{host.other:.2f}'} cores", flush=True)
     med = {k: statistics.median(v) for k, v in speeds.items()}
     known = [o for o in others if o is not None]
-    print(f"median tokens/s: ms_llm {med['ms_llm']:,.1f} ({min(speeds['ms_llm']):,.1f}-{max(speeds['ms_llm']):,.1f}), "
-          f"transformers {med['transformers']:,.1f} ({min(speeds['transformers']):,.1f}-"
-          f"{max(speeds['transformers']):,.1f}); ratio {med['ms_llm'] / med['transformers']:.2f}x; other processes "
-          f"on {statistics.median(known) if known else float('nan'):.2f} cores (median)")
-    print(f"greedy tokens identical: {ours_tokens == theirs_tokens}")
+    print("median tokens/s: " + ", ".join(f"{k} {med[k]:,.1f} ({min(v):,.1f}-{max(v):,.1f})" for k, v in speeds.items())
+          + "; ratio " + ", ".join(f"{k} {med[k] / med['transformers']:.2f}x" for k in generators)
+          + f"; other processes on {statistics.median(known) if known else float('nan'):.2f} cores (median)")
+    for name in generators:
+        print(f"greedy tokens identical, {name} and transformers: {tokens[name] == tokens['transformers']}")
 
 
 class PhaseTimer:

@@ -3,9 +3,13 @@ probe when the config turns them on, which is why it lives beside the CLI and no
 
 Compile time is measured on the first call and reported on its own; then `warmup` steps run untimed and
 `steps` steps are timed one by one (each synchronised, so a step's time is its own). Throughput uses
-the median step time, which a stray slow step (a noisy neighbour, a page fault) does not move.
+the median step time, which a stray slow step (a noisy neighbour, a page fault) does not move. The cores other
+processes kept busy during the timed steps (the host's busy time less this process's own, as `diagnose --measure`
+records it) are reported beside the figures: a step timed beside other work is not a quiet machine's.
 """
 import json
+import os
+import resource
 import time
 
 import numpy as np
@@ -26,6 +30,7 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
     from ms_llm.checkpoint import state as ckpt_state
     from ms_llm.checkpoint.saver import CheckpointSaver
     from ms_llm.debug.training_hooks import TensorStats
+    from ms_llm.diagnose.measure import HostMeter
 
     s = open_session(cfg, echo, rt=prepared_runtime(cfg, echo))
     runner = StepRunner(s)
@@ -42,22 +47,23 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
         stats.probe_step(s, batches)
         stats.record(s, 0, runner.step(batches))
     times, waits, save_s = [], [], 0.0
-    for i in range(steps):
-        t0 = time.perf_counter()
-        batches = s.next_batches()
-        waits.append(time.perf_counter() - t0)
-        probing = stats is not None and stats.due(i)
-        if probing:
-            stats.probe_step(s, batches)
-        out = runner.step(batches)
-        out[0].asnumpy()
-        if probing:
-            stats.record(s, i, out)
-        if saver is not None and (i + 1) % cfg.checkpoint.save_interval == 0:
-            t1 = time.perf_counter()
-            saver.save(i + 1, ckpt_state.capture(s), ckpt_state.describe(s, i + 1, {}))
-            save_s += time.perf_counter() - t1
-        times.append(time.perf_counter() - t0)
+    with HostMeter(own=resource.RUSAGE_SELF) as host:  # other processes' cores meanwhile
+        for i in range(steps):
+            t0 = time.perf_counter()
+            batches = s.next_batches()
+            waits.append(time.perf_counter() - t0)
+            probing = stats is not None and stats.due(i)
+            if probing:
+                stats.probe_step(s, batches)
+            out = runner.step(batches)
+            out[0].asnumpy()
+            if probing:
+                stats.record(s, i, out)
+            if saver is not None and (i + 1) % cfg.checkpoint.save_interval == 0:
+                t1 = time.perf_counter()
+                saver.save(i + 1, ckpt_state.capture(s), ckpt_state.describe(s, i + 1, {}))
+                save_s += time.perf_counter() - t1
+            times.append(time.perf_counter() - t0)
     if saver is not None:
         saver.close()
     tmp.cleanup()
@@ -87,6 +93,8 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
         **optimizer_memory(s),
         "device": s.rt.device_target,
         "world_size": s.rt.world_size,
+        "other_cores": host.other,  # None where psutil is missing
+        "cpu_count": os.cpu_count(),
     }
 
 
@@ -116,6 +124,9 @@ def format_report(r):
         f"{r['optimizer_state_bytes'] / 2**20:,.2f} MiB, gradients {r['gradient_bytes'] / 2**20:,.2f} MiB",
         f"  data wait       {100 * r['data_wait_frac']:.1f}% of step time",
         f"  checkpointing   {100 * r['save_frac']:.1f}% of step time (training thread)",
+        "  other load      " + ("unknown (needs psutil)" if r["other_cores"] is None else
+                              f"{r['other_cores']:.2f} of {r['cpu_count']} cores busy with other processes during the "
+                              f"timed steps"),
     ])
 
 
@@ -123,8 +134,6 @@ def main(cfg, steps, warmup, as_json, echo=print, output=None, about=None):
     """`output`: also write the result as JSON there, with `about` (the config and overrides it ran), the host and
     its cores: what `ms-llm diagnose` compares a run's speed with."""
     if output:
-        import os
-
         folder = os.path.dirname(os.path.abspath(output))
         if not os.path.isdir(folder):
             from ms_llm.errors import UserError
@@ -136,7 +145,6 @@ def main(cfg, steps, warmup, as_json, echo=print, output=None, about=None):
     else:
         echo(json.dumps(r))
     if output:
-        import os
         import socket
 
         from ms_llm.fileio import atomic_write_bytes

@@ -7,7 +7,7 @@ from ms_llm.nn import cpu_kernels
 from ms_llm.nn.backend import Backend
 from ms_llm.nn.activations import GeluTanh
 from ms_llm.nn.norms import LayerNorm
-from ms_llm.train.step import sum_of_squares
+from ms_llm.train.step import scaled, squared_norm, sum_of_squares
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 pytestmark = pytest.mark.skipif(cpu_kernels.library() is None, reason=f"no kernels: {cpu_kernels.build_error()}")
@@ -122,6 +122,63 @@ def test_sum_of_squares_matches_and_propagates_inf():
     assert np.isinf(float(cell(ms.Tensor(x)).asnumpy()))
     x[3, 5] = np.nan
     assert np.isnan(float(cell(ms.Tensor(x)).asnumpy()))
+
+
+class SquaredNorm(ms.nn.Cell):
+    """The squared norm of a step's gradients, by one kernel over all of them (fused) or by AddN of one kernel each."""
+
+    def __init__(self, fused):
+        super().__init__()
+        self.all = cpu_kernels.op("sum_squares_all") if fused else None
+        self.one = cpu_kernels.op("sum_squares")
+
+    def construct(self, *grads):
+        return squared_norm(grads, self.all, self.one)
+
+
+def test_one_kernel_over_all_gradients_is_bit_for_bit_the_addn_of_each():
+    """The training step's gradient norm (and so its clipping, and the run's numbers) does not move: the same float32
+    value to the last bit, over gradients of the sizes a model has (a block of 4096 and more, odd sizes, a scalar)."""
+    rng = np.random.default_rng(4)
+    grads = [ms.Tensor((rng.standard_normal(shape) * scale).astype(np.float32))
+             for shape, scale in (((66, 128), 1e-2), ((128,), 3.0), ((384, 128), 1e-4), ((5000,), 0.5), ((1,), 7.0),
+                                  ((513, 3), 1e3))]
+    fused, per_gradient = SquaredNorm(True), SquaredNorm(False)
+    assert fused(*grads).shape == ()
+    assert fused(*grads).asnumpy().tobytes() == per_gradient(*grads).asnumpy().tobytes()
+    # where the precision and the order of the additions show: 1e8 and twenty 1s, added in float32 one after the
+    # other, is not their exact sum, and depends on where the 1e8 comes
+    big, one = ms.Tensor(np.array([1e4], np.float32)), ms.Tensor(np.ones((1,), np.float32))
+    for uneven, in_order in (([big] + [one] * 20, 1e8), ([one] * 15 + [big] + [one] * 5, 100000016.0)):
+        got = fused(*uneven).asnumpy()
+        assert got.tobytes() == per_gradient(*uneven).asnumpy().tobytes() and float(got) == in_order
+    assert np.float32(1e8 + 20) != np.float32(1e8) and np.float32(1e8 + 5) != np.float32(100000016.0)
+    poisoned = grads[:2] + [ms.Tensor(np.full((7,), np.inf, np.float32))] + grads[2:]
+    assert np.isinf(fused(*poisoned).asnumpy())
+
+
+class Scaled(ms.nn.Cell):
+    """A step's gradients times its unscale-and-clip factor, by one kernel (fused) or by a Mul each."""
+
+    def __init__(self, fused):
+        super().__init__()
+        self.op = cpu_kernels.op("scale_all") if fused else None
+        self.hyper_map = ms.ops.HyperMap()
+
+    def construct(self, factor, *grads):
+        return scaled(grads, factor, self.hyper_map, self.op)
+
+
+def test_one_kernel_scaling_all_gradients_is_bit_for_bit_a_mul_each():
+    rng = np.random.default_rng(5)
+    grads = [ms.Tensor((rng.standard_normal(shape) * 10.0 ** rng.integers(-6, 6)).astype(np.float32))
+             for shape in ((66, 128), (128,), (4099,), (1,), (7, 5, 3))]
+    factor = ms.Tensor(np.float32(0.3) / np.float32(65536.0))
+    fused, per_gradient = Scaled(True)(factor, *grads), Scaled(False)(factor, *grads)
+    assert len(fused) == len(grads)
+    for a, b, g in zip(fused, per_gradient, grads):
+        assert a.shape == g.shape and a.asnumpy().tobytes() == b.asnumpy().tobytes()
+    assert not np.array_equal(fused[0].asnumpy(), grads[0].asnumpy())
 
 
 def test_non_finite_values_propagate_through_fused_kernels():

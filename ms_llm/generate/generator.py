@@ -42,15 +42,17 @@ def next_token(logits, temperature=0.0, top_k=None, rng=None):
 
 
 class Generator:
-    """Generation on a CausalLM (in eval mode) with `context` positions, `batch_size` rows per call."""
+    """Generation on a CausalLM (in eval mode) with `context` positions, `batch_size` rows per call. `fused_decode`:
+    False decodes with the composition where the model has the fused CPU kernel (benchmarks compare the two)."""
 
-    def __init__(self, model, context, batch_size=1, buckets=None):
+    def __init__(self, model, context, batch_size=1, buckets=None, fused_decode=True):
         self.context, self.batch_size = context, batch_size
         self.buckets = buckets or length_buckets(context)
         self.cache = KVCache(model, batch_size, context)
         self.prefill = Prefill(model, self.cache)
-        self.step = DecodeStep(model, self.cache)
-        self.greedy_step = DecodeStep(model, self.cache, greedy=True)  # compiled only when greedy decoding runs
+        self.step = DecodeStep(model, self.cache, fused=fused_decode)
+        # compiled only when greedy decoding runs
+        self.greedy_step = DecodeStep(model, self.cache, greedy=True, fused=fused_decode)
         for cell in (self.prefill, self.step, self.greedy_step):
             cell.set_train(False)
 

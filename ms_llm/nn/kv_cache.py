@@ -17,6 +17,13 @@ pos[b] and attends to 0..pos[b] (within the sliding window where the model has o
 length hold prompt padding or nothing: they are masked, then overwritten as the row grows. With grouped-query
 attention the `groups` query heads of a key/value head attend to its cache as one (groups, D) block, so the cache is
 never repeated per query head. Scores, mask and softmax are float32, as in training.
+
+A model built with the fused float32 CPU kernels decodes with them (ms_llm/nn/cpu_kernels): per layer one
+(`DecodeAttention`) writes the new key and value into the cache in place and attends over positions 0..pos only,
+one rotates q and k, one computes each RMSNorm. The composition in their place (every other backend) pays twice for
+the whole cache at every step on CPU: MindSpore's ScatterNdUpdate copies the whole cache to its output, and the
+masked attention reads every position; and it launches 2-3 times as many kernels, each of which costs about as much
+as a small one's arithmetic (docs/evaluation.md; `benchmarks/generate_speed.py --composed` times both).
 """
 import numpy as np
 
@@ -24,6 +31,7 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 
 from ms_llm.nn.attention import MASKED
+from ms_llm.nn.norms import RMSNorm
 
 
 def _embed(model, ids, positions):
@@ -35,8 +43,17 @@ def _embed(model, ids, positions):
 
 
 def _mlp(layer, x):
-    out = layer.mlp(layer.mlp_norm(x))
+    return _mlp_of(layer, layer.mlp_norm(x))
+
+
+def _mlp_of(layer, normed):
+    out = layer.mlp(normed)
     return out[0] if layer.routed else out  # a mixture of experts also returns its router loss and statistics
+
+
+def _rms_eps(norm):
+    """An RMSNorm's epsilon as the fused kernel takes it; None for another norm (a LayerNorm: fused already)."""
+    return ms.Tensor([norm.eps], ms.float32) if isinstance(norm, RMSNorm) else None
 
 
 def _last_rows(x, last):
@@ -102,15 +119,29 @@ class Prefill(nn.Cell):
 
 class DecodeStep(nn.Cell):
     """One new token per row against the cache: its key and value written at `pos`, attention over 0..pos; the
-    logits, or with `greedy` the argmax token (the first of equal maxima, as numpy's), computed in the graph."""
+    logits, or with `greedy` the argmax token (the first of equal maxima, as numpy's), computed in the graph.
+    `fused`: False takes the composition where the model has the fused kernel (to compare the two)."""
 
-    def __init__(self, model, cache, greedy=False):
+    def __init__(self, model, cache, greedy=False, fused=True):
         super().__init__(auto_prefix=False)
         self.model, self.cache, self.greedy = model, cache, greedy
         self.qk = ops.BatchMatMul(transpose_b=True)
         self.pv = ops.BatchMatMul()
         self.softmax = ops.Softmax(-1)
         self.argmax = ops.Argmax(-1, ms.int32)
+        # the fused kernels are in use where the attention splits its heads with them (CPU, float32)
+        self.fused = fused and all(layer.attention.fused_heads for layer in model.layers)
+        if self.fused:
+            from ms_llm.nn import cpu_kernels
+
+            self.decode_attention = cpu_kernels.op("decode_attention")
+            self.rope, self.rms_norm = cpu_kernels.op("decode_rope"), cpu_kernels.op("rms_norm")
+            cores = [layer.attention.core for layer in model.layers]
+            self.windows = [ms.Tensor([core.window or 0], ms.int32) for core in cores]  # 0: no sliding window
+            self.scales = [ms.Tensor([core.scale], ms.float32) for core in cores]
+            self.attn_eps = [_rms_eps(layer.attn_norm) for layer in model.layers]
+            self.mlp_eps = [_rms_eps(layer.mlp_norm) for layer in model.layers]
+            self.final_eps = _rms_eps(model.final_norm)
 
     def construct(self, token, pos):
         m, c = self.model, self.cache
@@ -122,16 +153,39 @@ class DecodeStep(nn.Cell):
         i = 0
         for layer in m.layers:
             attn = layer.attention
-            q, k, v = attn.heads(layer.attn_norm(x), positions)
-            keys = ops.scatter_nd_update(c.keys[i], at, k.squeeze(2))
-            values = ops.scatter_nd_update(c.values[i], at, v.squeeze(2))
-            x = x + attn.output(self.attend(attn.core, q, keys, values, slots, positions))
-            x = x + _mlp(layer, x)
+            if self.fused:  # writes k and v into the cache in place; nothing else in this graph reads the cache
+                q, k, v = self.heads(attn, self.norm(layer.attn_norm, x, self.attn_eps[i]), pos)
+                y = self.decode_attention(q, k, v, c.keys[i], c.values[i], pos, self.windows[i], self.scales[i])
+                x = x + attn.output(y)
+                x = x + _mlp_of(layer, self.norm(layer.mlp_norm, x, self.mlp_eps[i]))
+            else:
+                q, k, v = attn.heads(layer.attn_norm(x), positions)
+                keys = ops.scatter_nd_update(c.keys[i], at, k.squeeze(2))
+                values = ops.scatter_nd_update(c.values[i], at, v.squeeze(2))
+                x = x + attn.output(self.attend(attn.core, q, keys, values, slots, positions))
+                x = x + _mlp(layer, x)
             i += 1
-        logits = m.logits(m.final_norm(x)).reshape(b, -1)
+        logits = m.logits(self.norm(m.final_norm, x, self.final_eps) if self.fused else m.final_norm(x)).reshape(b, -1)
         if self.greedy:
             return self.argmax(logits.astype(ms.float32))
         return logits
+
+    def heads(self, attn, x, pos):
+        """CausalSelfAttention.heads for one token per row (the fused path), the rotation of q and k in one kernel."""
+        b = x.shape[0]
+        q, k, v = attn.split_heads(attn.qkv(x).reshape(b, 1, attn.num_heads + 2 * attn.num_kv_heads, attn.head_dim))
+        if attn.qk_norm:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        if attn.use_rope:
+            q, k = self.rope(q, k, attn.rope.cos, attn.rope.sin, pos)
+        return q, k, v
+
+    def norm(self, norm, x, eps):
+        """norm(x) (B, 1, hidden); an RMSNorm (eps given) in one fused kernel."""
+        if eps is None:
+            return norm(x)
+        b, t, h = x.shape
+        return self.rms_norm(x.reshape(b * t, h), norm.weight, eps).reshape(b, t, h)
 
     def attend(self, core, q, k, v, slots, positions):
         """softmax(q kᵀ·scale + mask) v for one query per row, with the core's scale, grouping and window: q (B, H,

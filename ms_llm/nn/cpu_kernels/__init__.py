@@ -120,6 +120,16 @@ def _sum_squares():
     return custom("SumSquares", lambda x: [1], lambda x: x)
 
 
+def _sum_squares_all():
+    """(x_1, ..., x_n) → [Σ x_1², ..., added in order as AddN adds]: the squared norm of a step's gradients."""
+    return custom("SumSquaresAll", lambda *x: [1], lambda *x: x[0])
+
+
+def _scale_all():
+    """(x_1, ..., x_n, factor) → (x_1 * factor, ..., x_n * factor): a step's gradients unscaled and clipped."""
+    return custom("ScaleAll", lambda *x: list(x[:-1]), lambda *x: list(x[:-1]))
+
+
 def _causal_softmax_grad():
     """(softmax output y, its gradient dy) → the gradient of the scores."""
     return custom("CausalSoftmaxBwd", lambda y, dy: y, lambda y, dy: y)
@@ -171,8 +181,29 @@ def _softmax_cross_entropy_loss():
     return custom("SoftmaxCrossEntropyLoss", lambda x, t: [x[0]], lambda x, t: x)
 
 
+def _decode_attention():
+    """(q (B, H, 1, D), k, v (B, KV, 1, D), key cache, value cache (B, KV, S, D), pos (B,) int32, window (1,)
+    int32, scale (1,) float32) → y (B, H, 1, D); k and v are written into the caches at pos, in place. No bprop:
+    generation only."""
+    return custom("DecodeAttention", lambda q, k, v, kc, vc, pos, window, scale: q,
+                  lambda q, k, v, kc, vc, pos, window, scale: q)
+
+
+def _decode_rope():
+    """(q (B, H, 1, D), k (B, KV, 1, D), cos, sin (S, D), pos (B,) int32) → q, k rotated to their rows' positions.
+    Generation only (no bprop)."""
+    return custom("DecodeRope", lambda q, k, c, s, p: (q, k), lambda q, k, c, s, p: (q, k))
+
+
+def _rms_norm():
+    """(x (rows, cols), w (cols,), eps (1,)) → RMSNorm of each row. Forward only: generation uses it."""
+    return custom("RmsNormFwd", lambda x, w, eps: x, lambda x, w, eps: x)
+
+
 _BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares,
+             "sum_squares_all": _sum_squares_all, "scale_all": _scale_all,
              "causal_softmax": _causal_softmax, "softmax_cross_entropy": _softmax_cross_entropy,
              "softmax_cross_entropy_loss": _softmax_cross_entropy_loss, "heads_split": _heads_split,
              "swap_middle_axes": _swap_middle_axes, "gelu_tanh_grad": _gelu_tanh_grad,
-             "causal_softmax_grad": _causal_softmax_grad}
+             "causal_softmax_grad": _causal_softmax_grad, "decode_attention": _decode_attention,
+             "decode_rope": _decode_rope, "rms_norm": _rms_norm}

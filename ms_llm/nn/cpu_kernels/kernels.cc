@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 namespace {
 
@@ -136,11 +137,9 @@ extern "C" int LayerNormBwd(int, void **params, int *ndims, int64_t **shapes, co
   return 0;
 }
 
-// The sum of squares of every element: a 1-element float32 output.
-extern "C" int SumSquares(int, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
-  const float *x = static_cast<const float *>(params[0]);
-  float *out = static_cast<float *>(params[1]);
-  const int64_t n = numel(ndims[0], shapes[0]);
+// The sum of squares of n floats. Not inlined: SumSquares and SumSquaresAll run the same machine code, so that
+// their sums are bit for bit the same.
+__attribute__((noinline)) float sum_squares(const float *x, int64_t n) {
   double total = 0.0;
   const int64_t block = 4096;  // float partial sums per block, double across blocks: accurate and vectorised
   for (int64_t start = 0; start < n; start += block) {
@@ -150,7 +149,43 @@ extern "C" int SumSquares(int, void **params, int *ndims, int64_t **shapes, cons
     for (int64_t i = start; i < end; i++) partial += x[i] * x[i];
     total += partial;
   }
-  out[0] = static_cast<float>(total);
+  return static_cast<float>(total);
+}
+
+// The sum of squares of every element: a 1-element float32 output.
+extern "C" int SumSquares(int, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  static_cast<float *>(params[1])[0] = sum_squares(static_cast<const float *>(params[0]), numel(ndims[0], shapes[0]));
+  return 0;
+}
+
+// The sum of squares of every element of every input (the gradients of a step): one kernel in place of a
+// SumSquares per input and the AddN of their results, and bit for bit their value: each input's sum as SumSquares
+// computes it, then added in float32 in input order as MindSpore's AddN adds (the first two, then each next one
+// to the running sum). `volatile` keeps -ffast-math from reordering those additions. Output: 1 float32.
+extern "C" int SumSquaresAll(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  const int inputs = nparam - 1;
+  volatile float total = sum_squares(static_cast<const float *>(params[0]), numel(ndims[0], shapes[0]));
+  for (int k = 1; k < inputs; k++) {
+    const float next = sum_squares(static_cast<const float *>(params[k]), numel(ndims[k], shapes[k]));
+    total = total + next;
+  }
+  static_cast<float *>(params[inputs])[0] = total;
+  return 0;
+}
+
+// Every input times one factor: the unscaling and clipping of a step's gradients in one kernel in place of a Mul per
+// gradient. One float32 multiply per element, as Mul computes it. Inputs: x_1, ..., x_n, factor (1 float32).
+// Outputs: x_1 * factor, ..., x_n * factor.
+extern "C" int ScaleAll(int nparam, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  const int inputs = (nparam - 1) / 2;
+  const float factor = *static_cast<const float *>(params[inputs]);
+  for (int k = 0; k < inputs; k++) {
+    const float *x = static_cast<const float *>(params[k]);
+    float *y = static_cast<float *>(params[inputs + 1 + k]);
+    const int64_t n = numel(ndims[k], shapes[k]);
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = x[i] * factor;
+  }
   return 0;
 }
 
@@ -307,5 +342,122 @@ extern "C" int SwapMiddleAxes(int, void **params, int *, int64_t **shapes, const
     for (int64_t i = 0; i < m; i++)
       for (int64_t j = 0; j < n; j++)
         std::memcpy(y + ((bi * n + j) * m + i) * d, x + ((bi * m + i) * n + j) * d, d * sizeof(float));
+  return 0;
+}
+
+// One decode step's attention against a KV cache, writing the cache in place. MindSpore's ScatterNdUpdate
+// copies the whole cache to its output on every call (at batch 8 that copy cost as much as the attention), and
+// its BatchMatMul reads the whole cache where only positions 0..pos hold keys.
+//
+// Inputs: q (B, H, 1, D) float32; the new key and value k, v (B, KV, 1, D); the key and value caches (B, KV, S, D),
+// written at position pos[b] of row b; pos (B,) int32; window (1,) int32, 0 for none; scale (1,) float32.
+// Output: y (B, H, 1, D): for each query head, softmax((q·scale)·k_t) over t = lo..pos[b] (lo = pos - window + 1
+// with a sliding window, else 0), then Σ p_t v_t, the softmax's masked entries being exactly 0 as in
+// softmax(scores + -1e9 mask). Query heads h = j·G..j·G+G-1 share key/value head j (grouped-query attention).
+extern "C" int DecodeAttention(int, void **params, int *, int64_t **shapes, const char **, void *, void *) {
+  const float *q = static_cast<const float *>(params[0]);
+  const float *k = static_cast<const float *>(params[1]);
+  const float *v = static_cast<const float *>(params[2]);
+  float *key_cache = static_cast<float *>(params[3]);
+  float *value_cache = static_cast<float *>(params[4]);
+  const int32_t *pos = static_cast<const int32_t *>(params[5]);
+  const int32_t window = *static_cast<const int32_t *>(params[6]);
+  const float scale = *static_cast<const float *>(params[7]);
+  float *y = static_cast<float *>(params[8]);
+  const int64_t b = shapes[0][0], h = shapes[0][1], d = shapes[0][3], kv = shapes[1][1], s = shapes[3][2];
+  const int64_t groups = h / kv;
+  static thread_local std::vector<float> scratch;  // one scaled query head, then one row of probabilities
+  scratch.resize(d + s);
+  float *qs = scratch.data(), *p = scratch.data() + d;
+  for (int64_t bi = 0; bi < b; bi++) {
+    const int64_t at = pos[bi];
+    if (at < 0 || at >= s) return 1;
+    const int64_t lo = window > 0 && at - window + 1 > 0 ? at - window + 1 : 0;
+    for (int64_t j = 0; j < kv; j++) {
+      float *kc = key_cache + (bi * kv + j) * s * d;
+      float *vc = value_cache + (bi * kv + j) * s * d;
+      std::memcpy(kc + at * d, k + (bi * kv + j) * d, d * sizeof(float));
+      std::memcpy(vc + at * d, v + (bi * kv + j) * d, d * sizeof(float));
+      for (int64_t g = 0; g < groups; g++) {
+        const int64_t head = bi * h + j * groups + g;
+#pragma omp simd
+        for (int64_t c = 0; c < d; c++) qs[c] = q[head * d + c] * scale;
+        float mx = -INFINITY;
+        for (int64_t t = lo; t <= at; t++) {
+          const float *kt = kc + t * d;
+          float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+          for (int64_t c = 0; c < d; c++) dot += qs[c] * kt[c];
+          p[t] = dot;
+          mx = fmaxf(mx, dot);
+        }
+        float sum = 0.0f;
+        for (int64_t t = lo; t <= at; t++) {
+          p[t] = expf(p[t] - mx);
+          sum += p[t];
+        }
+        const float inv = 1.0f / sum;
+        float *yh = y + head * d;
+        std::memset(yh, 0, d * sizeof(float));
+        for (int64_t t = lo; t <= at; t++) {
+          const float w = p[t] * inv;
+          const float *vt = vc + t * d;
+#pragma omp simd
+          for (int64_t c = 0; c < d; c++) yh[c] += w * vt[c];
+        }
+      }
+    }
+  }
+  return 0;
+}
+
+// Rotary positions for one decode step, queries and keys in one kernel (MindSpore's composition is 16 kernels per
+// layer: slices, negations, concatenations, multiplies, adds). Inputs: q (B, H, 1, D), k (B, KV, 1, D), the tables
+// cos and sin (S, D), pos (B,) int32. Outputs: q and k rotated by row b's position pos[b], the two halves of each
+// head rotated (Hugging Face's layout): x * cos + concat(-x[D/2:], x[:D/2]) * sin.
+extern "C" int DecodeRope(int, void **params, int *, int64_t **shapes, const char **, void *, void *) {
+  const float *in[2] = {static_cast<const float *>(params[0]), static_cast<const float *>(params[1])};
+  const float *cos_t = static_cast<const float *>(params[2]);
+  const float *sin_t = static_cast<const float *>(params[3]);
+  const int32_t *pos = static_cast<const int32_t *>(params[4]);
+  float *out[2] = {static_cast<float *>(params[5]), static_cast<float *>(params[6])};
+  const int64_t b = shapes[0][0], d = shapes[0][3], half = d / 2, s = shapes[2][0];
+  const int64_t heads[2] = {shapes[0][1], shapes[1][1]};
+  for (int64_t bi = 0; bi < b; bi++) {
+    if (pos[bi] < 0 || pos[bi] >= s) return 1;
+    const float *c = cos_t + pos[bi] * d, *sn = sin_t + pos[bi] * d;
+    for (int part = 0; part < 2; part++)
+      for (int64_t h = 0; h < heads[part]; h++) {
+        const float *x = in[part] + (bi * heads[part] + h) * d;
+        float *y = out[part] + (bi * heads[part] + h) * d;
+#pragma omp simd
+        for (int64_t i = 0; i < half; i++) {
+          y[i] = x[i] * c[i] - x[i + half] * sn[i];
+          y[i + half] = x[i + half] * c[i + half] + x[i] * sn[i + half];
+        }
+      }
+  }
+  return 0;
+}
+
+// RMSNorm of the rows of a 2-D (rows, cols) input: x / sqrt(mean(x^2) + eps) * w, one kernel in place of MindSpore's
+// six. Inputs: x, w (cols,), eps (1 float32). Output: y.
+extern "C" int RmsNormFwd(int, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  const float *x = static_cast<const float *>(params[0]);
+  const float *w = static_cast<const float *>(params[1]);
+  const float eps = *static_cast<const float *>(params[2]);
+  float *y = static_cast<float *>(params[3]);
+  const int64_t cols = shapes[0][ndims[0] - 1];
+  const int64_t rows = numel(ndims[0], shapes[0]) / cols;
+  for (int64_t r = 0; r < rows; r++) {
+    const float *xr = x + r * cols;
+    float *yr = y + r * cols;
+    float sq = 0.0f;
+#pragma omp simd reduction(+ : sq)
+    for (int64_t c = 0; c < cols; c++) sq += xr[c] * xr[c];
+    const float rstd = 1.0f / sqrtf(sq / static_cast<float>(cols) + eps);
+#pragma omp simd
+    for (int64_t c = 0; c < cols; c++) yr[c] = xr[c] * rstd * w[c];
+  }
   return 0;
 }
