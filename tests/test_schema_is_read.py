@@ -1,7 +1,7 @@
 """Every config key does something: a setting that is accepted and silently ignored is a defect (issue 16).
 
 A key counts as read only where the code follows the config to it: `cfg.train.lr`, `s.cfg.checkpoint.format`,
-a name or `self.` attribute bound to a section (`t = cfg.train; t.lr`, `self.cfg = ckpt_cfg; self.cfg.format`), a
+a name or `self.` attribute bound to a section (`t = cfg.train; t.lr`, `self.cfg = ckpt_cfg; self.cfg.format`, `p = cfg.finetune.preference or Defaults()`), a
 section handed to a function or class of the code base and read through its parameter (`TrainStep(...,
 t.anomaly)` → `anomaly.zscore`), `getattr(section, "key")`, a run directory's `run.cfg("train.lr")` /
 `run.section("train")`, or a raw section dict read by key while loading (`model["preset"]`). An attribute that
@@ -100,6 +100,8 @@ def keys_read(trees):
                         return e.attr
                     base = section_of(e.value)
                     return f"{base}.{e.attr}" if base and f"{base}.{e.attr}" in SECTIONS else None
+                if isinstance(e, ast.BoolOp) and isinstance(e.op, ast.Or):  # cfg.finetune.preference or Defaults()
+                    return section_of(e.values[0])
                 if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "section" \
                         and e.args and isinstance(e.args[0], ast.Constant) and e.args[0].value in SECTIONS:
                     return e.args[0].value

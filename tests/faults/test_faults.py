@@ -120,15 +120,18 @@ def test_d_a_layer_multiplied_by_zero_is_flagged_vanishing(dataset, tmp_path, mo
 
 
 def test_e_accumulation_without_dividing_the_loss_is_flagged(dataset, tmp_path, patched_loss):
-    def undivided(self, grad_scale, ids):
+    cfg = tiny_cfg(dataset, "--set", "train.max_steps=5", "--set", "train.micro_batch_size=2",
+                   "--set", "monitor.tensor_stats.every=5")
+    accum = cfg.train.global_batch_size // cfg.train.micro_batch_size  # one rank
+
+    def undivided(self, grad_scale, ids):  # the step passes grad_scale = loss scale / accumulation steps
         loss = cross_entropy(self.model(ids[:, :-1]), ids[:, 1:])
-        return loss * grad_scale * self.accum, loss  # the bug: the accumulation's division undone
+        return loss * grad_scale * accum, loss  # the bug: the accumulation's division undone
 
     patched_loss(undivided)
-    train(tiny_cfg(dataset, "--set", "train.max_steps=5", "--set", "train.micro_batch_size=2",
-                   "--set", "monitor.tensor_stats.every=5"), tmp_path / "run")
+    train(cfg, tmp_path / "run")
     flags = [json.loads(l) for l in open(tmp_path / "run" / "stats.jsonl") if '"grad_scale_mismatch"' in l]
-    assert flags and "accumulation steps (4)" in flags[0]["detail"], flags
+    assert accum == 4 and flags and "accumulation steps (4)" in flags[0]["detail"], flags
     first_cause(diagnose(tmp_path / "run"), "stats_grad_scale_mismatch", "not divided by the accumulation steps",
                 confidence="high")
 

@@ -82,7 +82,9 @@ class PairObjective(Objective):
 
     @classmethod
     def of(cls, cfg):
-        p = settings(cfg)  # a preference dataset without finetune.preference: its defaults (DPO, beta 0.1)
+        from ms_llm.config.schema import PreferenceConfig
+
+        p = cfg.finetune.preference or PreferenceConfig()  # a preference dataset without the section: its defaults
         return cls(p.loss, p.beta, p.simpo_gamma)
 
     def __init__(self, objective="dpo", beta=0.1, simpo_gamma=0.5):
