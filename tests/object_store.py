@@ -183,15 +183,17 @@ class FaultProxy:
 
 def outage(moto, seconds, log=None):
     """An action for FaultProxy: stop the S3 server now and start it again `seconds` later (in a thread); `log`
-    gets what the bucket holds right after the restart (before the client's retry lands), via `log(moto)`."""
+    gets what the bucket holds during the outage, via `log(moto)` just before the stop: the request that triggered
+    it has not been forwarded, and nothing reaches a stopped server. (Read after the restart, a client's retry could
+    land first on a busy machine.)"""
     def act():
+        if log is not None:
+            log(moto)
         moto.stop()
 
         def back():
             time.sleep(seconds)
             moto.start()
-            if log is not None:
-                log(moto)
 
         threading.Thread(target=back, daemon=True).start()
 

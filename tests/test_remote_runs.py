@@ -56,7 +56,7 @@ def scenario(dataset, accum2_run, tmp_path_factory):
                    SWANLAB_LOG_DIR=str(root / "swanlog"))
         remote = ["--set", "checkpoint.remote_dir=s3://bkt/run", "--set", f"checkpoint.remote_endpoint={proxy.url}",
                   "--set", f"checkpoint.upload_budget_s={BUDGET}", "--set", "monitor.trackers=[mlflow,swanlab]"]
-        after_outage = []
+        after_outage = []  # what the bucket held of checkpoint 20 while the server was away
         proxy.add("PUT", r"/step_00000010\.", "500")
         proxy.add("PUT", r"/run/metrics\.jsonl", "500", times=3)
         proxy.add("PUT", r"/step_00000020\.json", outage(moto, 3.0, lambda m: after_outage.append(sorted(
@@ -134,7 +134,7 @@ def test_uploads_fail_and_retry_in_the_background_while_training_goes_on(scenari
     assert "InternalError" in failed["error"] and failed["upload_s"] >= float(BUDGET), failed
     assert (10, "upload") not in events
     assert events[(20, "upload")]["attempts"] >= 2 and events[(30, "upload")]["attempts"] == 1, events
-    assert scenario["after_outage"] == [["run/checkpoints/rank_0/step_00000020.ckpt"]]  # tensors, no manifest yet
+    assert scenario["after_outage"] == [["run/checkpoints/rank_0/step_00000020.ckpt"]]  # tensors, no manifest
     first = scenario["first"].stdout
     assert "warning: checkpoint step 10 was not copied to s3://bkt/run" in first and "it is only local" in first
     assert "retrying in the background" in first

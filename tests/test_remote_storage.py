@@ -97,8 +97,8 @@ def test_the_server_stopped_mid_upload_and_restarted(env, tmp_path):
     unfinished multipart upload is not an object), the mirror retries with backoff and the upload completes."""
     moto, proxy = env
     big = random_file(tmp_path / "big.bin", 11 * MIB)
-    after_restart = []
-    proxy.add("PUT", r"partNumber=2", outage(moto, 5.0, lambda m: after_restart.append(
+    during_outage = []
+    proxy.add("PUT", r"partNumber=2", outage(moto, 5.0, lambda m: during_outage.append(
         m.client("x", "x").list_objects_v2(Bucket="bkt", Prefix="c/").get("KeyCount", 0))), times=1)
     lines, events = [], []
     mirror = mirror_of("s3://bkt/c", proxy.url, 60, lines, events, part_mib=5)
@@ -106,7 +106,7 @@ def test_the_server_stopped_mid_upload_and_restarted(env, tmp_path):
     mirror.submit(20, [(big, "checkpoints/big.bin")])
     assert time.monotonic() - t0 < 0.5  # queued, not sent, by the training thread
     assert mirror.drain() == []
-    assert after_restart == [0]
+    assert during_outage == [0]
     assert events[-1]["event"] == "upload" and events[-1]["attempts"] >= 2 and events[-1]["upload_s"] >= 5, events
     assert any("retrying in the background" in l for l in lines), lines
     client = moto.client("x", "x")
