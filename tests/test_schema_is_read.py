@@ -1,8 +1,9 @@
 """Every config key does something: a setting that is accepted and silently ignored is a defect (issue 16).
 
 A key counts as read only where the code follows the config to it: `cfg.train.lr`, `s.cfg.checkpoint.format`,
-a name or `self.` attribute bound to a section (`t = cfg.train; t.lr`, `self.cfg = ckpt_cfg; self.cfg.format`, `p = cfg.finetune.preference or Defaults()`), a
-section handed to a function or class of the code base and read through its parameter (`TrainStep(...,
+a name or `self.` attribute bound to a section (`t = cfg.train; t.lr`, `self.cfg = ckpt_cfg; self.cfg.format`,
+`p = cfg.finetune.preference or Defaults()`), a function's return of a section at its calls (`p = settings(cfg);
+p.beta`), a section handed to a function or class of the code base and read through its parameter (`TrainStep(...,
 t.anomaly)` → `anomaly.zscore`), `getattr(section, "key")`, a run directory's `run.cfg("train.lr")` /
 `run.section("train")`, or a raw section dict read by key while loading (`model["preset"]`). An attribute that
 merely shares a key's name (`"...".format(...)` for checkpoint.format) does not count."""
@@ -46,7 +47,7 @@ def sources(root=ROOT):
                     yield ast.parse(f.read(), path)
 
 
-RELEVANT = (ast.Assign, ast.Attribute, ast.Subscript, ast.Call)
+RELEVANT = (ast.Assign, ast.Attribute, ast.Subscript, ast.Call, ast.Return)
 
 
 def scopes_of(tree, classes):
@@ -80,7 +81,7 @@ def keys_read(trees):
             funcs.setdefault(scope.name, []).append(scope)
             if scope.name == "__init__" and scope in class_of:  # calling the class binds __init__'s parameters
                 funcs.setdefault(class_of[scope].name, []).append(scope)
-    param_sections, self_sections, read = {}, {}, set()
+    param_sections, self_sections, returns, read = {}, {}, {}, set()  # returns: {function name: its section}
     learned = True
     while learned:
         learned = False
@@ -102,6 +103,10 @@ def keys_read(trees):
                     return f"{base}.{e.attr}" if base and f"{base}.{e.attr}" in SECTIONS else None
                 if isinstance(e, ast.BoolOp) and isinstance(e.op, ast.Or):  # cfg.finetune.preference or Defaults()
                     return section_of(e.values[0])
+                if isinstance(e, ast.Call) and isinstance(e.func, (ast.Name, ast.Attribute)):  # settings(cfg)
+                    called = returns.get(e.func.id if isinstance(e.func, ast.Name) else e.func.attr)
+                    if called:
+                        return called
                 if isinstance(e, ast.Call) and isinstance(e.func, ast.Attribute) and e.func.attr == "section" \
                         and e.args and isinstance(e.args[0], ast.Constant) and e.args[0].value in SECTIONS:
                     return e.args[0].value
@@ -121,7 +126,12 @@ def keys_read(trees):
                                 selfs[tgt.attr] = s
                                 learned = True
             for node in body:  # reads, and sections handed to functions and classes of the code base
-                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                if isinstance(node, ast.Return) and isinstance(scope, ast.FunctionDef) and node.value is not None:
+                    s = section_of(node.value)
+                    if s and scope.name not in returns:
+                        returns[scope.name] = s
+                        learned = True
+                elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
                     s = section_of(node.value)
                     if s and f"{s}.{node.attr}" in TREE:
                         read.add(f"{s}.{node.attr}")
@@ -169,13 +179,16 @@ class Saver:
         self.dir, self.cfg = "x", ckpt_cfg
     def write(self):
         return self.cfg.async_save               # checkpoint.async_save, through a class and self
+def settings(cfg):
+    return cfg.finetune.preference or Defaults()
 def main(cfg):
     t = cfg.train
     Saver(cfg.checkpoint)
-    return t.lr, getattr(cfg.model, "dropout"), cfg.monitor.profile.stop_step
+    p = settings(cfg)                            # finetune.preference, through a function's return
+    return t.lr, getattr(cfg.model, "dropout"), cfg.monitor.profile.stop_step, p.beta
 '''
     assert keys_read([ast.parse(code)]) == {"checkpoint.async_save", "train.lr", "model.dropout",
-                                            "monitor.profile.stop_step"}
+                                            "monitor.profile.stop_step", "finetune.preference.beta"}
 
 
 def test_retired_and_meaningless_settings_are_refused_with_the_reason():

@@ -82,9 +82,7 @@ class PairObjective(Objective):
 
     @classmethod
     def of(cls, cfg):
-        from ms_llm.config.schema import PreferenceConfig
-
-        p = cfg.finetune.preference or PreferenceConfig()  # a preference dataset without the section: its defaults
+        p = settings(cfg)  # a preference dataset without finetune.preference: its defaults (DPO, beta 0.1)
         return cls(p.loss, p.beta, p.simpo_gamma)
 
     def __init__(self, objective="dpo", beta=0.1, simpo_gamma=0.5):
