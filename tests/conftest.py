@@ -24,7 +24,7 @@ FAST_TEST_LIMIT_S = float(os.environ.get("MS_LLM_FAST_TEST_LIMIT_S", "3"))
 def pytest_configure(config):
     """Under pytest-xdist (`-n 2`, what CI runs) the workers share this checkout and one compile cache (keyed on the
     built step, and locked per entry while it fills, so a graph one worker compiled is loaded by the other), and
-    MindSpore gets one thread per worker, so that two workers on two cores do not contend (a training run's
+    MindSpore and torch get one thread per worker, so that two workers on two cores do not contend (a training run's
     throughput, which diagnose reads, stays even);
     tests marked `serial` (msrun's two ranks) run alone (`pytest_runtest_protocol`). The quickstart's dataset is
     tokenized once, under a lock, before any test's training run would do it (two first runs at once would both
@@ -36,6 +36,12 @@ def pytest_configure(config):
         from ms_llm.train.setup.context import limit_cpu_threads
 
         limit_cpu_threads(1)
+        try:  # torch too (the reference models, lm-eval, TRL): its second thread spin-waits on the other worker's core
+            import torch
+
+            torch.set_num_threads(1)
+        except ImportError:
+            pass
     from ms_llm.data.manifest import has_manifest
 
     with open(os.path.join(ROOT, "data", ".tests.lock"), "w") as lock:
@@ -315,6 +321,7 @@ def clean_runs(dataset, tmp_path_factory):
     and profiled over steps 20-30 (whose logs and run_info the profiler tests read too). The 2-rank kind is the
     session's msrun_accum2 run. {kind: run dir}."""
     def build(root):
+        sys.path.insert(0, os.path.join(ROOT, "tests", "faults"))  # a test outside tests/faults may ask first
         from faultkit import sets, tiny_cfg, train
         from ms_llm.train.trainer import run as run_training
 

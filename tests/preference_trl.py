@@ -87,6 +87,11 @@ def main(argv):
     """argv: SPEC.json OUT.json. SPEC: {hf, tok, pairs, steps, batch, lr, runs: [{loss_type, beta}], simpo: {rows,
     beta, gamma} or absent}; OUT: {loss_type: TRL's log_history, "simpo": the formula's loss and metrics,
     "float64": the first batch's mean chosen and rejected log-probs (`logps/...`) from a float64 forward}."""
+    import torch
+
+    # one thread, as the test process's MindSpore under xdist: two threads of this tiny model spin more than they
+    # compute (the two 20-step trainings: ~9 CPU seconds on one thread, 30 and more on two beside another worker)
+    torch.set_num_threads(1)
     spec = json.loads(open(argv[0]).read())
     out = {}
     for run in spec["runs"]:

@@ -1,24 +1,30 @@
 """The compile cache must never change what a run computes: a reused graph equals a fresh compile, and an entry
 that does not is caught at run time and compiled afresh."""
+import contextlib
+import fcntl
 import json
 import os
+import pathlib
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
-from conftest import ROOT, ms_llm, tiny_train_args
+from conftest import ROOT, build_once, flock, ms_llm, tiny_train_args
 
+# Live diagnosis off: a host-only key (tests/test_compile_cache_key.py), it reads the logged metrics and never the
+# graph, and its rule tables cost about a second of every run here.
 STEPS = ["--set", "train.max_steps=6", "--set", "train.log_interval=1", "--set", "train.eval_interval=3",
-         "--set", "train.warmup_steps=2"]
+         "--set", "train.warmup_steps=2", "--set", "monitor.diagnose=false"]
 
 
 def metrics(run_dir):
     """Every logged number of a run, step by step (time-like fields left out)."""
     keep = ("loss", "grad_norm", "loss_scale", "skipped", "lr", "val_loss")
     rows = [json.loads(l) for l in open(os.path.join(run_dir, "metrics.jsonl"))]
-    return [(r["step"], {k: r[k] for k in keep if k in r}) for r in rows if "loss" in r or "val_loss" in r]
+    return [[r["step"], {k: r[k] for k in keep if k in r}] for r in rows if "loss" in r or "val_loss" in r]
 
 
 def digest(text):
@@ -31,18 +37,18 @@ def train(args, env):
     return proc.stdout + proc.stderr
 
 
-@pytest.mark.parametrize("micro,extra", [(8, []), (4, ["--set", "precision.compute_dtype=float16",
-                                                         "--set", "model.dropout=0.1"])],
-                         ids=["accum1", "accum2-fp16-dropout"])
-@pytest.mark.slow
-def test_reused_graph_trains_exactly_like_a_fresh_compile(dataset, tmp_path, cache, micro, extra):
-    args = ["--set", f"train.micro_batch_size={micro}", *STEPS, *extra]
-    fresh = train(tiny_train_args(dataset, tmp_path / "fresh", *args), cache)
-    reused = train(tiny_train_args(dataset, tmp_path / "reused", *args), cache)
-    assert "compile cache: filling" in fresh and "compile cache: reusing" in reused
-    assert "warning" not in reused
-    assert metrics(tmp_path / "fresh") == metrics(tmp_path / "reused")  # every step, to the bit
-    assert digest(fresh) == digest(reused)
+def new_cache(folder):
+    """Environment for an empty compile cache in `folder` that shares the session's fused-kernel build (conftest's
+    `cache` fixture, for a cache that a session-wide fixture fills)."""
+    folder.mkdir()
+    kernels = os.path.join(os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm")), "kernels")
+    if os.path.isdir(kernels):
+        os.symlink(kernels, folder / "kernels")
+    return {"MS_LLM_CACHE": str(folder)}
+
+
+def filled_entry(out):
+    return re.search(r"compile cache: filling (\S+)", out).group(1)
 
 
 @pytest.mark.slow
@@ -56,45 +62,72 @@ def test_accumulation_three_reuses_exactly(dataset, tmp_path, cache):
 
 # Options whose runs share one cache with the plain run: host-only, with graphs of its own compiled before the first
 # step (the statistics probe, whose outputs are arrays), a constant baked into the graph (the learning rate), new
-# cells and randomness (dropout). (A second graph with other input shapes: the accumulation tests below.)
+# cells and randomness (dropout, at accumulation 2 and in float16: a second graph with other input shapes, masks
+# keyed on the micro-batch, and the loss scale). (Accumulation 3: the reuse test above.)
 OPTIONS = {"tensor_stats": ["--set", "monitor.tensor_stats={every: 2}"], "lr": ["--set", "train.lr=2e-3"],
-           "dropout": ["--set", "model.dropout=0.1"]}
+           "dropout": ["--set", "model.dropout=0.1", "--set", "train.micro_batch_size=4",
+                       "--set", "precision.compute_dtype=float16"]}
+# MindSpore's own compile cache switch, exported the way its docs suggest: the lr option's cold run trains under it
+# (test_an_exported_mindspore_compile_cache_switch_caches_nothing_under_mindspores_own_key)
+MINDSPORE_SWITCH = {"MS_COMPILER_CACHE_ENABLE": "1"}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def order_runs(dataset, tmp_path_factory):
-    """The plain run, then every option's run, against one cache; and for each option, the option's run, then the
-    plain run, against a cache of its own. The first run in each cache is a cold compile of its config."""
-    root = tmp_path_factory.mktemp("order")
-    kernels = os.path.join(os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm")), "kernels")
+    """The plain run, then every option's run, then the plain run again, against one cache; and for each option,
+    the option's run, then the plain run, against a cache of its own, and then dropout's run again in its cache. The
+    first run in each cache is a cold compile of its config. Trained once per session (under xdist, by the first
+    worker to ask), read by the tests below: besides the two orders, the reuse of a run's own entry, the exported
+    MindSpore switch, and what test_cli's cache check and test_dropout's two cold runs asserted."""
+    def build(root):
+        def run(name, env, extra):
+            out = train(tiny_train_args(dataset, root / name, *STEPS, *extra), env)
+            return {"metrics": metrics(root / name), "digest": digest(out), "out": out, "dir": str(root / name),
+                    "env": env}
 
-    def cache(name):
-        folder = root / f"cache-{name}"
-        folder.mkdir()
-        if os.path.isdir(kernels):
-            os.symlink(kernels, folder / "kernels")
-        return {"MS_LLM_CACHE": str(folder)}
+        runs, shared, own = {}, new_cache(root / "cache-shared"), {}
+        runs["plain"] = run("plain", shared, [])
+        for option, extra in OPTIONS.items():
+            runs[f"plain-then-{option}"] = run(f"plain-then-{option}", shared, extra)
+            own[option] = new_cache(root / f"cache-{option}")
+            if option == "lr":
+                own[option].update(MINDSPORE_SWITCH, MS_COMPILER_CACHE_PATH=str(root / "mindspore_cache"))
+            runs[option] = run(option, own[option], extra)
+            runs[f"{option}-then-plain"] = run(f"{option}-then-plain", own[option], [])
+        runs["plain-again"] = run("plain-again", shared, [])
+        runs["dropout-again"] = run("dropout-again", own["dropout"], OPTIONS["dropout"])
+        return runs
 
-    def run(name, env, extra):
-        out = train(tiny_train_args(dataset, root / name, *STEPS, *extra), env)
-        return {"metrics": metrics(root / name), "digest": digest(out), "out": out}
+    return build_once(tmp_path_factory, "cc_order_runs", build)
 
-    runs, shared = {}, cache("shared")
-    runs["plain"] = run("plain", shared, [])
-    for option, extra in OPTIONS.items():
-        runs[f"plain-then-{option}"] = run(f"plain-then-{option}", shared, extra)
-        own = cache(option)
-        runs[option] = run(option, own, extra)
-        runs[f"{option}-then-plain"] = run(f"{option}-then-plain", own, [])
-    return runs
+
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["plain", "dropout"], ids=["accum1", "accum2-fp16-dropout"])
+def test_reused_graph_trains_exactly_like_a_fresh_compile(order_runs, config):
+    """A run that filled its cache started again: it reuses the entry (its first step checked against the record)
+    and trains exactly like the fill. One micro-batch of 8 (the plain run), and accumulation 2, float16 and dropout
+    (the dropout option's run)."""
+    fresh, reused = order_runs[config], order_runs[f"{config}-again"]
+    assert "compile cache: filling" in fresh["out"] and "compile cache: reusing" in reused["out"]
+    assert "warning" not in reused["out"]
+    assert reused["metrics"] == fresh["metrics"] and reused["digest"] == fresh["digest"]  # every step, to the bit
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("option", list(OPTIONS))
 def test_an_option_after_the_plain_run_trains_like_its_cold_compile(order_runs, option):
+    """For dropout, the option's run after the plain one is a second cold compile of it (an entry of its own): two
+    cold runs with dropout log the same losses, every step, masks included."""
     second, cold = order_runs[f"plain-then-{option}"], order_runs[option]
     assert "warning" not in second["out"] and "Traceback" not in second["out"]
     assert second["metrics"] == cold["metrics"] and second["digest"] == cold["digest"]  # every step, to the bit
+    # a host-only option reuses the plain run's graph; another learning rate or dropout never does
+    assert ("compile cache: reusing" in second["out"]) == (option == "tensor_stats")
+    assert ("compile cache: filling" in second["out"]) == (option != "tensor_stats")
+    if option == "tensor_stats":  # its probe, compiled after the step, is never cached: it got its own graph
+        assert os.path.getsize(os.path.join(second["dir"], "stats.jsonl")) > 0
+    else:
+        assert second["metrics"] != order_runs["plain"]["metrics"]
 
 
 @pytest.mark.slow
@@ -107,6 +140,59 @@ def test_the_plain_run_after_an_option_trains_like_its_cold_compile(order_runs, 
     assert ("compile cache: reusing" in second["out"]) == (option == "tensor_stats")
 
 
+@pytest.mark.slow
+def test_an_exported_mindspore_compile_cache_switch_caches_nothing_under_mindspores_own_key(order_runs):
+    """MindSpore's own cache (MS_COMPILER_CACHE_ENABLE=1, which its docs suggest exporting) keys graphs by the
+    source files alone: left on, `sample` of one model loaded the graph of another (seen as a Gather index out
+    of range). ms_llm turns it off until the training step asks for it under a key of config and code. (The lr
+    option's cold run trained with the switch exported; `sample` of it runs under it here.)"""
+    run = order_runs["lr"]
+    env = run["env"]
+    assert env["MS_COMPILER_CACHE_ENABLE"] == "1" and "compile cache: filling" in run["out"]
+    proc = ms_llm("sample", "--run-dir", str(run["dir"]), "--prompt", "RO", "--max-new-tokens", "5",
+                  "--temperature", "0", env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    mindspore_dir = pathlib.Path(env["MS_COMPILER_CACHE_PATH"])
+    assert not mindspore_dir.exists() or not any(mindspore_dir.rglob("*"))
+
+
+# The corruption tests' reference runs, each a cold compile: accumulation 2 (micro-batches of 4), the same at twice
+# the learning rate (graphs that load and run but compute another update), and one micro-batch of 4 (a TrainStep
+# fed what accumulation 2's AccumulateStep is fed). Trained once; each test corrupts their entries, then trains.
+M4 = ["--set", "train.micro_batch_size=4", *STEPS]
+REFERENCES = {"m4": M4, "m4-lr": [*M4, "--set", "train.lr=2e-3"],
+              "g4": ["--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=4", *STEPS]}
+
+
+@pytest.fixture(scope="session")
+def references(dataset, tmp_path_factory):
+    """{"runs": {name: metrics, digest, entry}, "env", "root"} of the REFERENCES runs, trained once per session
+    against one cache, whose entries are kept aside as they were filled (`pristine`)."""
+    def build(root):
+        env, runs = new_cache(root / "cache"), {}
+        for name, args in REFERENCES.items():
+            out = train(tiny_train_args(dataset, root / name, *args), env)
+            runs[name] = {"metrics": metrics(root / name), "digest": digest(out), "entry": filled_entry(out)}
+        shutil.copytree(root / "cache" / "compile", root / "pristine", symlinks=True)
+        return {"runs": runs, "env": env, "root": str(root)}
+
+    return build_once(tmp_path_factory, "cc_references", build)
+
+
+@contextlib.contextmanager
+def reference_cache(references):
+    """The references' cache with its entries as they were filled, held by this test alone (under xdist the other
+    worker waits). In that very folder, not a copy: an entry's key holds the cache's path (the fused kernels' library
+    lies under it), so a copy elsewhere would be another entry."""
+    root = pathlib.Path(references["root"])
+    with flock(root / "use.lock", fcntl.LOCK_EX):
+        compile_dir = root / "cache" / "compile"
+        subprocess.run(["chmod", "-R", "u+w", str(compile_dir)], check=True)
+        shutil.rmtree(compile_dir)
+        shutil.copytree(root / "pristine", compile_dir, symlinks=True)
+        yield references["env"]
+
+
 def replace_graphs(entry, other_entry):
     graphs = os.path.join(entry, "rank_0", "graph_cache")
     subprocess.run(["chmod", "-R", "u+w", graphs], check=True)
@@ -115,36 +201,34 @@ def replace_graphs(entry, other_entry):
 
 
 @pytest.mark.slow
-def test_a_loaded_graph_that_is_not_the_step_is_compiled_afresh_before_it_runs(dataset, tmp_path, cache):
+def test_a_loaded_graph_that_is_not_the_step_is_compiled_afresh_before_it_runs(dataset, tmp_path, references):
     """An entry whose first graph is an accumulating micro-batch (1 output) where the step (4 outputs) belongs:
     the signature check names the difference, and the run trains as a cold compile would."""
-    args = ["--set", "train.global_batch_size=4", "--set", "train.micro_batch_size=4", *STEPS]
-    ref = train(tiny_train_args(dataset, tmp_path / "ref", *args), cache)
-    accum = train(tiny_train_args(dataset, tmp_path / "accum", "--set", "train.micro_batch_size=4", *STEPS), cache)
-    replace_graphs(re.search(r"compile cache: filling (\S+)", ref).group(1),
-                   re.search(r"compile cache: filling (\S+)", accum).group(1))
-    out = train(tiny_train_args(dataset, tmp_path / "planted", *args), cache)
+    ref = references["runs"]["g4"]
+    with reference_cache(references) as cache:
+        replace_graphs(ref["entry"], references["runs"]["m4"]["entry"])
+        out = train(tiny_train_args(dataset, tmp_path / "planted", *REFERENCES["g4"]), cache)
     warnings = [line for line in out.splitlines() if line.startswith("warning")]
     assert len(warnings) == 1 and "TrainStep's graph returns" in warnings[0], out
-    assert metrics(tmp_path / "planted") == metrics(tmp_path / "ref") and digest(out) == digest(ref)
+    assert metrics(tmp_path / "planted") == ref["metrics"] and digest(out) == ref["digest"]
 
 
 @pytest.mark.slow
-def test_a_truncated_record_means_one_warning_and_a_fresh_compile(dataset, tmp_path, cache):
-    args = ["--set", "train.micro_batch_size=4", *STEPS]
-    ref = train(tiny_train_args(dataset, tmp_path / "ref", *args), cache)
-    record = os.path.join(re.search(r"compile cache: filling (\S+)", ref).group(1), "rank_0", "first_step.json")
-    with open(record) as f:
-        text = f.read()
-    with open(record, "w") as f:
-        f.write(text[: len(text) // 2])
-    out = train(tiny_train_args(dataset, tmp_path / "again", *args), cache)
+def test_a_truncated_record_means_one_warning_and_a_fresh_compile(dataset, tmp_path, references):
+    ref = references["runs"]["m4"]
+    with reference_cache(references) as cache:
+        record = os.path.join(ref["entry"], "rank_0", "first_step.json")
+        with open(record) as f:
+            text = f.read()
+        with open(record, "w") as f:
+            f.write(text[: len(text) // 2])
+        out = train(tiny_train_args(dataset, tmp_path / "again", *M4), cache)
+        third = train(tiny_train_args(dataset, tmp_path / "third", *M4), cache)  # refilled, then reused cleanly
     warnings = [line for line in out.splitlines() if line.startswith("warning")]
     assert len(warnings) == 1 and "first_step.json is unreadable" in warnings[0], out
-    assert metrics(tmp_path / "again") == metrics(tmp_path / "ref") and digest(out) == digest(ref)
-    third = train(tiny_train_args(dataset, tmp_path / "third", *args), cache)  # refilled, then reused cleanly
+    assert metrics(tmp_path / "again") == ref["metrics"] and digest(out) == ref["digest"]
     assert "compile cache: filling" in third or "compile cache: reusing" in third
-    assert metrics(tmp_path / "third") == metrics(tmp_path / "ref")
+    assert metrics(tmp_path / "third") == ref["metrics"]
 
 
 @pytest.mark.slow
@@ -158,21 +242,6 @@ def test_a_process_without_an_entry_script_trains_with_the_compile_cache_off(dat
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "note: compile cache off: this process has no entry script" in proc.stdout + proc.stderr
     assert not os.path.isdir(os.path.join(cache["MS_LLM_CACHE"], "compile"))  # nothing half-cached either
-
-
-@pytest.mark.slow
-def test_an_exported_mindspore_compile_cache_switch_caches_nothing_under_mindspores_own_key(dataset, tmp_path, cache):
-    """MindSpore's own cache (MS_COMPILER_CACHE_ENABLE=1, which its docs suggest exporting) keys graphs by the
-    source files alone: left on, `sample` of one model loaded the graph of another (seen as a Gather index out
-    of range). ms_llm turns it off until the training step asks for it under a key of config and code."""
-    mindspore_dir = tmp_path / "mindspore_cache"
-    env = dict(cache, MS_COMPILER_CACHE_ENABLE="1", MS_COMPILER_CACHE_PATH=str(mindspore_dir))
-    out = train(tiny_train_args(dataset, tmp_path / "run", "--set", "train.max_steps=3"), env)
-    assert "compile cache: filling" in out
-    proc = ms_llm("sample", "--run-dir", str(tmp_path / "run"), "--prompt", "RO", "--max-new-tokens", "5",
-                  "--temperature", "0", env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    assert not mindspore_dir.exists() or not any(mindspore_dir.rglob("*"))
 
 
 UNOWNED_ACCUMULATE = """
@@ -225,22 +294,21 @@ def test_a_graph_reading_parameters_its_cell_does_not_own_is_never_reused(datase
 
 
 @pytest.mark.slow
-def test_an_entry_that_does_not_reproduce_its_first_step_is_discarded(dataset, tmp_path, cache):
+def test_an_entry_that_does_not_reproduce_its_first_step_is_discarded(dataset, tmp_path, references):
     """Graphs of another config (learning rate 2x) planted under this config's entry: the first step's update
     differs from the one recorded at fill time, so the run warns once, discards the entry and starts over
-    with a fresh compile, ending exactly like an uncached run."""
-    args = ["--set", "train.micro_batch_size=4", *STEPS]
-    ref = train(tiny_train_args(dataset, tmp_path / "ref", *args), cache)
-    other = train(tiny_train_args(dataset, tmp_path / "other", *args, "--set", "train.lr=2e-3"), cache)
-    entry = re.search(r"compile cache: filling (\S+)", ref).group(1)
-    replace_graphs(entry, re.search(r"compile cache: filling (\S+)", other).group(1))
-
-    out = train(tiny_train_args(dataset, tmp_path / "planted", *args), cache)
+    with a fresh compile (the accumulation buffers set back too), ending exactly like an uncached run."""
+    ref = references["runs"]["m4"]
+    entry = ref["entry"]
+    with reference_cache(references) as cache:
+        replace_graphs(entry, references["runs"]["m4-lr"]["entry"])
+        out = train(tiny_train_args(dataset, tmp_path / "planted", *M4), cache)
+        discarded = not os.path.isdir(os.path.join(entry, "rank_0"))  # the next run fills it afresh
     assert "compile cache: reusing" in out
     warnings = [l for l in out.splitlines() if l.startswith("warning")]
     assert len(warnings) == 1 and "did not reproduce the first step" in warnings[0], out
-    assert not os.path.isdir(os.path.join(entry, "rank_0"))  # discarded: the next run fills it afresh
-    assert metrics(tmp_path / "planted") == metrics(tmp_path / "ref") and digest(out) == digest(ref)
+    assert discarded
+    assert metrics(tmp_path / "planted") == ref["metrics"] and digest(out) == ref["digest"]
 
 
 @pytest.mark.slow

@@ -139,15 +139,28 @@ def datasets(dataset, tmp_path_factory):
     return dataset, other
 
 
+@pytest.fixture(scope="module")
+def references(datasets):
+    """{base: (fingerprint, IR)} of each base config's step, built and compiled once for the tests below."""
+    built = {}
+
+    def reference(base):
+        if base not in built:
+            built[base] = built_step(datasets[0], BASES[base], compile_graphs=True)
+        return built[base]
+
+    return reference
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("base", list(BASES))
-def test_host_only_keys_leave_the_built_step_and_its_graphs_unchanged(datasets, base):
+def test_host_only_keys_leave_the_built_step_and_its_graphs_unchanged(datasets, references, base):
     from ms_llm.train.compile_cache import HOST_ONLY
 
     dataset, other = datasets
     values = changed_values(dataset, other)
     assert sorted(values) == sorted(HOST_ONLY)
-    reference, reference_ir = built_step(dataset, BASES[base], compile_graphs=True)
+    reference, reference_ir = references(base)
     differ = [k for k, v in values.items() if built_step(dataset, BASES[base] + [f"{k}={v}"], False)[0] != reference]
     assert differ == []
     # every host-only key changed at once: the same graphs, op for op
@@ -156,14 +169,35 @@ def test_host_only_keys_leave_the_built_step_and_its_graphs_unchanged(datasets, 
 
 
 @pytest.mark.slow
-def test_the_proof_fails_for_keys_that_shape_the_graph(datasets):
+def test_the_proof_fails_for_keys_that_shape_the_graph(datasets, references):
     """Not a vacuous proof: a learning rate (a constant baked into the graph), dropout (cells), the loss scale's
     window (a constant) and the micro-batch (input shapes, a second graph) each change the fingerprint; dropout and
     the micro-batch change the IR as well."""
     dataset, _ = datasets
-    reference, reference_ir = built_step(dataset, [], compile_graphs=True)
+    reference, reference_ir = references("tiny")
     for key in ("train.lr=0.002", "precision.scale_window=10", "train.clip_grad=0.5"):
         assert built_step(dataset, [key], False)[0] != reference, key
     for key in ("model.dropout=0.1", "train.micro_batch_size=2"):
         fingerprint, ir = built_step(dataset, [key], compile_graphs=True)
         assert fingerprint != reference and ir != reference_ir, key
+
+
+def test_a_masked_steps_description_does_not_depend_on_the_batches_it_counted():
+    """The loss mask counts each batch's masked-in targets on the host (loss_tokens_frac): were those counts part of
+    the cell's description, the compile cache would be keyed on the first batch, and a fine-tuning run resumed at
+    another step would never reuse its graphs."""
+    from types import SimpleNamespace
+
+    import mindspore as ms
+    import numpy as np
+    from ms_llm.train.compile_cache import describe_cell
+    from ms_llm.train.losses.masked import LossMask
+
+    mask = LossMask()
+    before = describe_cell(mask)
+    cols = np.array([[0, 0, 1, 1, 1], [0, 1, 1, 1, 0]], np.int32)
+    batch = SimpleNamespace(loss_mask=ms.Tensor(cols), segments=ms.Tensor(np.ones_like(cols)),
+                            ids=ms.Tensor(np.arange(10, dtype=np.int32).reshape(2, 5)))
+    mask.inputs([batch], count=True, training=True)
+    assert describe_cell(mask) == before
+    assert mask.log_fields()["loss_tokens_frac"] == 0.75  # 6 of the 8 targets counted: the counts still work

@@ -1,13 +1,14 @@
 """Dropout masks are a function of (seed, step, micro-batch, sample, site): reruns, resumes and cached graphs are
 exact with dropout on (ms_llm/nn/dropout.py). Resume at accumulation 2, kill -9, the 2-rank launch and cache reuse
-run with dropout 0.1 in their own tests (conftest.ACCUM2, test_compile_cache)."""
-import json
+run with dropout 0.1 in their own tests (conftest.ACCUM2, test_compile_cache); two cold compiles of a run with dropout
+at accumulation 2 log the same losses, every step: test_compile_cache's dropout option, compiled cold in two caches
+(test_an_option_after_the_plain_run_trains_like_its_cold_compile[dropout])."""
 import os
 
 import numpy as np
 import pytest
 
-from conftest import ACCUM2, ROOT, tiny_train_args, train_ok
+from conftest import ACCUM2, ROOT, tiny_train_args
 
 
 def mask(shape, key, site=0, p=0.25):
@@ -65,16 +66,3 @@ def test_the_step_keys_every_micro_batch_and_every_step(dataset):
     assert first != second and step_1 not in (first, second)
     _, plain_first, plain_second = accumulated(["model.dropout=0.0"])
     assert plain_first == plain_second
-
-
-@pytest.mark.slow
-def test_two_cold_runs_with_dropout_log_the_same_losses(accum2_run, dataset, tmp_path, cache):
-    """The shared accumulation-2 run (dropout 0.1) trained again from scratch in a compile cache of its own."""
-    run, _ = accum2_run
-    train_ok(*tiny_train_args(dataset, tmp_path / "again", *ACCUM2), env=cache)
-
-    def logged(r):
-        return [(x["step"], x.get("loss"), x.get("val_loss")) for x in map(json.loads, open(os.path.join(r, "metrics.jsonl")))
-                if "loss" in x or "val_loss" in x]
-
-    assert len(logged(run)) > 60 and logged(tmp_path / "again") == logged(run)

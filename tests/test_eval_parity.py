@@ -6,13 +6,14 @@ tokenizer adds a BOS token (a TemplateProcessing post-processor), as Llama's doe
 exercised; some requests are longer than the model's 64 positions, so the left cut is too. Also here: the KV-cache
 generation against transformers' generate on the same converted model, and the bad-input paragraphs that need the
 real task index."""
+import contextlib
+import io
 import json
-import os
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, SHAKESPEARE, ms_llm
+from conftest import SHAKESPEARE
 
 pytestmark = pytest.mark.slow
 CONTEXT = 64
@@ -73,10 +74,14 @@ def write_tasks(folder):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    """{hf: a random Qwen2-layout transformers model with its tokenizer, tasks: the three task YAMLs}."""
+    """{hf: a random Qwen2-layout transformers model with its tokenizer, tasks: the three task YAMLs}. Torch runs on
+    one thread while the module's tests run (as MindSpore does under xdist): two threads of a tiny model's forward
+    spin more than they compute (lm-eval's pass over the tasks: 2.5 CPU seconds on one thread, 7.7 on two)."""
     import torch
     import transformers
 
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     root = tmp_path_factory.mktemp("eval_parity")
     hf, tasks = root / "hf", root / "tasks"
     hf.mkdir()
@@ -92,7 +97,8 @@ def folder(tmp_path_factory):
             p.copy_(1 + 0.1 * torch.randn_like(p) if name.endswith("norm.weight") else 0.2 * torch.randn_like(p))
     model.save_pretrained(str(hf))
     write_tasks(tasks)
-    return {"root": root, "hf": hf, "tasks": tasks, "model": model}
+    yield {"root": root, "hf": hf, "tasks": tasks, "model": model}
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +115,16 @@ def theirs(folder):
 
 @pytest.fixture(scope="module")
 def ours(folder):
-    """`ms-llm eval --hf DIR` as a user runs it: (results JSON, the process)."""
-    out = folder["root"] / "ours.json"
-    proc = ms_llm("eval", "--hf", str(folder["hf"]), "--tasks", TASKS, "--include-path", str(folder["tasks"]),
-                  "--output", str(out), "--log-samples", "--bootstrap-iters", "0", env={"HF_DATASETS_OFFLINE": "1"})
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
-    return json.loads(out.read_text()), proc
+    """`ms-llm eval --hf DIR` as a user runs it, through the CLI's main in this process (a process of its own would
+    import MindSpore, lm-eval and transformers again): (results JSON, its stdout)."""
+    from ms_llm.cli import main
+
+    out, stdout, stderr = folder["root"] / "ours.json", io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+        code = main(["eval", "--hf", str(folder["hf"]), "--tasks", TASKS, "--include-path", str(folder["tasks"]),
+                     "--output", str(out), "--log-samples", "--bootstrap-iters", "0"])
+    assert code == 0, stdout.getvalue()[-2000:] + stderr.getvalue()[-3000:]
+    return json.loads(out.read_text()), stdout.getvalue()
 
 
 def test_multiple_choice_accuracy_is_identical(theirs, ours):
@@ -139,9 +149,9 @@ def test_generated_texts_are_identical(theirs, ours):
 
 
 def test_requests_longer_than_the_context_are_cut_and_said_once(ours):
-    results, proc = ours
+    results, stdout = ours
     assert results["ms_llm"]["truncated_requests"] > 0 and results["ms_llm"]["context"] == CONTEXT
-    assert proc.stdout.count("longer than the model's context") == 1, proc.stdout[-3000:]
+    assert stdout.count("longer than the model's context") == 1, stdout[-3000:]
 
 
 def test_kv_cache_greedy_tokens_are_transformers_generate_ones(folder):

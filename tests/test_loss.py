@@ -135,10 +135,10 @@ def test_evaluation_loss_equals_the_whole_logits():
         assert loss == pytest.approx(whole, rel=FP32_TOL)
 
 
-@pytest.mark.slow  # compiles two 1-layer GPT graphs with their gradients (~4 s idle)
 def test_loss_fn_of_a_model_with_accumulation_equals_the_whole_logits():
     """Through the run's loss cells on a real (tiny GPT) model, as the step calls them (grad_scale = loss scale /
-    accumulation): the scaled loss and its gradients, chunked and whole."""
+    accumulation): the scaled loss and its gradients, chunked and whole (op by op: the training tests below run
+    both through the compiled step)."""
     from model_zoo import build_model
     from ms_llm.train.losses import ChunkedLoss, TokenLoss
 
@@ -148,11 +148,12 @@ def test_loss_fn_of_a_model_with_accumulation_equals_the_whole_logits():
     results = []
     for chunk in (0, 5):
         ms.set_seed(0)
-        model = build_model(cfg.model, "float32")
-        loss_cell = ChunkedLoss(model, chunk) if chunk else TokenLoss(model)
-        fn = ms.jit(ms.value_and_grad(loss_cell, None, model.trainable_params(), has_aux=True))
-        (scaled, loss), grads = fn(ms.Tensor(1024.0 / 3, ms.float32), ids)
-        results.append((float(scaled.asnumpy()), float(loss.asnumpy()), [g.asnumpy() for g in grads]))
+        with pynative():
+            model = build_model(cfg.model, "float32")
+            loss_cell = ChunkedLoss(model, chunk) if chunk else TokenLoss(model)
+            fn = ms.value_and_grad(loss_cell, None, model.trainable_params(), has_aux=True)
+            (scaled, loss), grads = fn(ms.Tensor(1024.0 / 3, ms.float32), ids)
+            results.append((float(scaled.asnumpy()), float(loss.asnumpy()), [g.asnumpy() for g in grads]))
     (s0, l0, g0), (s1, l1, g1) = results
     assert s1 == pytest.approx(s0, rel=FP32_TOL) and s0 == pytest.approx(l0 * 1024 / 3, rel=1e-6)
     assert l1 == pytest.approx(l0, rel=FP32_TOL)
@@ -183,7 +184,8 @@ def metrics(run_dir):
 
 @pytest.fixture(scope="module")
 def trained(dataset, tmp_path_factory):
-    """Each variant trained 30 steps with the chunked and with the whole-logits loss."""
+    """Each variant trained 30 steps with the chunked and with the whole-logits loss, a checkpoint every 10 steps
+    (processes, as a user runs them: the resume below reuses the chunked accumulation run's compiled step)."""
     from conftest import ms_llm, tiny_train_args
 
     runs = {}
@@ -212,16 +214,24 @@ def test_training_with_the_chunked_loss_reports_the_whole_losses(trained, varian
 
 
 @pytest.mark.slow
-def test_a_chunked_run_resumes_bit_for_bit(dataset, trained, tmp_path):
-    from conftest import ms_llm, tiny_train_args
+def test_a_chunked_run_resumes_bit_for_bit(trained, tmp_path):
+    """The accumulation variant's chunked run, cut back to its step-20 checkpoint (a copy) and resumed: steps 21-30
+    and the val loss at 30 are the uninterrupted run's, bit for bit."""
+    import os
+    import shutil
 
-    extra = [*VARIANTS["accumulation"], *CHUNKED, "--set", "checkpoint.save_interval=10"]
-    run = tmp_path / "run"
-    first = ms_llm(*tiny_train_args(dataset, run, *extra, "--set", "train.stop_at_step=20"))
-    assert first.returncode == 0 and "stopped at step 20" in first.stdout, first.stderr[-3000:]
-    resumed = ms_llm(*tiny_train_args(dataset, run, *extra), "--resume")
+    from conftest import copy_run, ms_llm
+
+    full = trained["accumulation", "chunked"]
+    run = copy_run(full, tmp_path / "run")
+    ckpts = run / "checkpoints" / "rank_0"
+    for f in os.listdir(ckpts):
+        if f.startswith("step_") and int(f[5:13]) > 20:
+            (shutil.rmtree if (ckpts / f).is_dir() else os.remove)(ckpts / f)
+    (ckpts / "latest").write_text("step_00000020")
+    resumed = ms_llm("train", "--config", str(run / "config.yaml"), "--run-dir", str(run), "--resume")
     assert resumed.returncode == 0 and "resuming at step 20" in resumed.stdout, resumed.stderr[-3000:]
-    assert metrics(run) == metrics(trained["accumulation", "chunked"])
+    assert metrics(run) == metrics(full)
 
 
 @pytest.mark.slow

@@ -130,6 +130,9 @@ def test_a_new_objective_is_one_file_and_one_line(dataset, tmp_path, monkeypatch
 
 
 # --- the chunked parts equal the whole ones: with the loss mask, with the router term -------------------------------
+# Op by op (the conftest's `pynative`): the same cells, kernels and custom backward as the compiled step, without a
+# graph compile per model; the loss's value and gradients are the point here, and tests/test_loss.py trains the
+# chunked loss through the compiled step (chunked and whole runs log the same losses).
 
 FP32_TOL = 1e-6  # the chunked sums are ordered differently (tests/test_loss.py): float32 rounding, relative
 
@@ -203,9 +206,9 @@ def assert_equal_within_rounding(whole, chunked):
     assert worst(sums1, sums0) < FP32_TOL
 
 
-@pytest.mark.slow  # compiles the tiny model's forward and backward twice per backend
+@pytest.mark.slow  # builds the tiny model and differentiates its loss twice per backend (op by op: see below)
 @pytest.mark.parametrize("kernels", [False, True], ids=["ops", "kernels"])
-def test_the_chunked_masked_loss_equals_the_whole_masked_loss(kernels):
+def test_the_chunked_masked_loss_equals_the_whole_masked_loss(kernels, pynative):
     """Chat data at chunk 5 and chunk 0: the differentiated and the logged loss (Σ w·ce ÷ the step's share), every
     gradient and the evaluation sums (Σ w·ce, Σ w, the same over the prompts) agree to float32 rounding."""
     from ms_llm.nn import cpu_kernels
@@ -223,9 +226,9 @@ def test_the_chunked_masked_loss_equals_the_whole_masked_loss(kernels):
     assert float(logged) == pytest.approx(float(wce) / step_count, rel=1e-6)
 
 
-@pytest.mark.slow  # compiles an MoE model's forward and backward four times
+@pytest.mark.slow  # differentiates an MoE model's loss twice (op by op: see below)
 @pytest.mark.parametrize("manifest", [{}, CHAT], ids=["text", "chat"])
-def test_the_chunked_loss_with_the_router_term_equals_the_whole_one(manifest):
+def test_the_chunked_loss_with_the_router_term_equals_the_whole_one(manifest, pynative):
     """A mixture of experts at chunk 5 and chunk 0, on plain text and on chat data: (objective + router term) ·
     grad_scale, the logged objective, the router statistics, every gradient (the router's included) and the
     evaluation agree to float32 rounding; the router term is in what is differentiated."""

@@ -225,11 +225,10 @@ def layer_gradients(layer, x):
     return float(value.asnumpy()), {p.name: g.asnumpy() for p, g in zip(layer.trainable_params(), grads)}
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("capacity_factor", [None, 0.75])
-def test_sorted_dispatch_gives_the_dense_paths_loss_and_gradients(capacity_factor):
+def test_sorted_dispatch_gives_the_dense_paths_loss_and_gradients(capacity_factor, pynative):
     """The speed-up (tokens gathered into per-expert blocks) against the path without it (every expert on every
-    token, weighted by the gate matrix): the same value and the same gradient for every weight."""
+    token, weighted by the gate matrix): the same value and the same gradient for every weight (op by op)."""
     sorted_value, sorted_grads = layer_gradients(*moe_layer(capacity_factor=capacity_factor)[::2])
     dense_value, dense_grads = layer_gradients(*moe_layer(capacity_factor=capacity_factor, dispatch="dense")[::2])
     assert sorted_value == pytest.approx(dense_value, rel=1e-6)
@@ -240,10 +239,11 @@ def test_sorted_dispatch_gives_the_dense_paths_loss_and_gradients(capacity_facto
         np.testing.assert_allclose(g, dense_grads[name], atol=1e-5 * scale, err_msg=name)
 
 
-@pytest.mark.slow
-def test_the_aux_loss_enters_the_differentiated_loss_under_the_accumulation_rule():
+@pytest.mark.slow  # op by op, ~5 CPU s (two MoE models' value and gradients)
+def test_the_aux_loss_enters_the_differentiated_loss_under_the_accumulation_rule(pynative):
     """The routed loss of an MoE model differentiates (CE + aux) * scale / accum and logs CE; the router's gradient
-    carries the aux loss (with the coefficient at 0 it is the CE's alone)."""
+    carries the aux loss (with the coefficient at 0 it is the CE's alone). Op by op: the loss's value and gradients
+    are the point, and every MoE training test runs the compiled step."""
     from model_zoo import build_model
     from ms_llm.train.losses import RoutedLoss
 

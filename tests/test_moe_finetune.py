@@ -19,7 +19,9 @@ ms.set_context(mode=ms.GRAPH_MODE)
 
 TINY = ["model.arch=llama", "model.num_layers=2", "model.hidden_size=32", "model.num_heads=2", "model.seq_length=16",
         "model.vocab_size=64", "model.ffn_hidden_size=48"]
-pytestmark = pytest.mark.slow  # each test compiles MoE graphs (tens of seconds on the CPU)
+# each test builds MoE models: the loss tests evaluate them op by op (the conftest's `pynative`: a loss's value and
+# gradients are the point, and a graph compile per model would cost seconds each); the CLI test trains them
+pytestmark = pytest.mark.slow
 MASKED = {"columns": ["input_ids", "loss_mask", "segment_ids"]}  # a chat dataset's manifest (unpacked)
 PAIRS = {"columns": ["input_ids", "loss_mask", "segment_ids"], "format": "preference"}
 
@@ -67,7 +69,7 @@ def router_term(model, ids, moe):
     return float(np.mean(moe.aux_loss_coef * rows[:, 0] + moe.z_loss_coef * rows[:, 1]))
 
 
-def test_the_moe_masked_loss_is_the_dense_masked_loss_plus_the_router_term():
+def test_the_moe_masked_loss_is_the_dense_masked_loss_plus_the_router_term(pynative):
     """A chat dataset on an MoE model: the differentiated loss is (Σ w·ce ÷ Σ w + router term) · grad_scale, the
     masked mean over the target tokens from numpy on the model's logits and the router term from the MoE layers'
     statistics; the logged loss is the masked mean alone; the router statistics are the aux output; and the
@@ -106,7 +108,7 @@ def test_the_moe_masked_loss_is_the_dense_masked_loss_plus_the_router_term():
     assert router_grads and all(np.abs(router_grads[k] - plain_router[k]).max() > 1e-5 for k in router_grads)
 
 
-def test_the_moe_pair_loss_is_the_dense_pair_loss_plus_the_router_term():
+def test_the_moe_pair_loss_is_the_dense_pair_loss_plus_the_router_term(pynative):
     """A preference dataset on an MoE model: the pair objective evaluated alone (the same model and inputs, no
     router term) plus the router term is what is differentiated; both aux buffers come back, in aux_shapes' order."""
     from ms_llm.train.losses import PreferenceLoss
@@ -161,7 +163,8 @@ def converted_moe(family, folder):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
     cls, options = HF_MOE[family]
-    config = getattr(transformers, cls)(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=2,
+    # one layer: an MoE layer as any other (its router logs moe/0/...), and each run compiles half the graph of two
+    config = getattr(transformers, cls)(vocab_size=512, hidden_size=64, intermediate_size=64, num_hidden_layers=1,
                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                                         num_experts_per_tok=2, router_aux_loss_coef=0.01, **options)
     torch.manual_seed(0)
@@ -202,9 +205,11 @@ def test_sft_of_a_converted_mixtral_and_dpo_of_a_converted_qwen3_moe(tmp_path):
                        "--tokenizer", a["tok"], "--seq-length", 256, "--output-dir", tmp_path / "pairs",
                        "--workers", "1", "--val-fraction", "0")
     assert code == 0, err
+    # the 4 pairs in one micro-batch: one step graph to compile (the SFT run above accumulates 2 micro-batches, and
+    # tests/test_preference.py the pair loss's)
     dpo = fine_tune(converted_moe("qwen3_moe", tmp_path / "qwen3_moe"), tmp_path / "pairs", tmp_path / "dpo",
                     "model.seq_length=256", "train.max_steps=8", "train.eval_interval=0", "train.lr=1e-3",
-                    "data.shuffle=false", "finetune.preference.loss=dpo")
+                    "data.shuffle=false", "finetune.preference.loss=dpo", "train.micro_batch_size=4")
     assert dpo[0]["loss"] == pytest.approx(np.log(2), abs=1e-3)  # the policy starts as its reference
     assert dpo[-1]["loss"] < dpo[0]["loss"] - 0.1 and dpo[-1]["rewards/margins"] > 0
     assert all(r["aux_loss"] > 0 and "moe/0/lb_loss" in r and "rewards/margins" in r for r in dpo)

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, ms_llm
+from conftest import ROOT
 from ms_llm.config import load_config
 from ms_llm.train.setup.resolve import resolve
 from ms_llm.errors import UserError
@@ -231,51 +231,59 @@ def test_pipeline_step_places_layers_head_and_loss_on_their_stages(tmp_path):
         ms.reset_auto_parallel_context()
 
 
+# Every probe in one process (MindSpore's import paid once): each probe builds its own session and compiles its own
+# step, dumping that compile's IR into a folder of its own, so the counts below come from that probe's graph alone.
+# Only the execute graph's IR is dumped (MS_DEV_DUMP_IR_PASSES, set by the test): all of save_graphs' passes wrote
+# ~170 MB per probe and doubled the test's time.
 RECOMPUTE_PROBE = r"""
-import glob, os, sys
+import glob, json, os, sys
 import mindspore as ms
-out = sys.argv[1]
-ms.set_context(save_graphs=1, save_graphs_path=out)
 from ms_llm.config import load_config
 from ms_llm.train.session import open_session
-cfg = load_config(os.path.join(sys.argv[2], "configs", "shakespeare_char.yaml"),
-                  ["monitor.summary=false", "context.compile_cache=false", "model.num_layers=2",
-                   f"data.dataset_dir={sys.argv[3]}", "data.source=null", "model.seq_length=32"] + sys.argv[4:])
 from ms_llm.train.step_runner import StepRunner
-s = open_session(cfg, echo=lambda *a: None)
-runner = StepRunner(s)
-print("LOSSES", [float(runner.step()[0].asnumpy()) for _ in range(4)])
-final = sorted(glob.glob(os.path.join(out, "**", "*execute*.ir"), recursive=True), key=os.path.getmtime)[-1]
-text = open(final).read()
-lines = text.splitlines()
-print("COUNTS", text.count("Sigmoid("), text.count("Softmax("), sum("GeluTanhFwd" in l for l in lines),
-      sum("CausalSoftmaxFwd" in l for l in lines))
+root, dataset, out = sys.argv[1], sys.argv[2], sys.argv[3]
+for name, overrides in json.loads(sys.argv[4]):
+    path = os.path.join(out, name)
+    ms.set_context(save_graphs=1, save_graphs_path=path)
+    cfg = load_config(os.path.join(root, "configs", "shakespeare_char.yaml"),
+                      ["monitor.summary=false", "context.compile_cache=false", "model.num_layers=2",
+                       f"data.dataset_dir={dataset}", "data.source=null", "model.seq_length=32"] + overrides)
+    runner = StepRunner(open_session(cfg, echo=lambda *a: None))
+    losses = [float(runner.step()[0].asnumpy()) for _ in range(4)]
+    final = sorted(glob.glob(os.path.join(path, "**", "*execute*.ir"), recursive=True), key=os.path.getmtime)[-1]
+    text = open(final).read()
+    lines = text.splitlines()
+    print("PROBE", json.dumps([name, losses, text.count("Sigmoid("), text.count("Softmax("),
+                               sum("GeluTanhFwd" in l for l in lines), sum("CausalSoftmaxFwd" in l for l in lines)]),
+          flush=True)
 """
 
 
 @pytest.mark.slow
 def test_recompute_shows_in_the_compiled_graph_and_keeps_the_losses(dataset, tmp_path):
-    def probe(name, *overrides):
-        proc = subprocess.run([sys.executable, "-c", RECOMPUTE_PROBE, str(tmp_path / name), ROOT, dataset, *overrides],
-                              capture_output=True, text=True, env=dict(os.environ, GLOG_v="3"), timeout=300)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        lines = dict(l.split(" ", 1) for l in proc.stdout.splitlines() if l.startswith(("LOSSES", "COUNTS")))
-        gelu_sigmoids, softmaxes, fused_gelus, fused_softmaxes = map(int, lines["COUNTS"].split())
-        return lines["LOSSES"], gelu_sigmoids, softmaxes, fused_gelus, fused_softmaxes
+    import json
 
     plain = "context.cpu_kernels=false"  # the composed GELU shows up as Sigmoid nodes that can be counted
-    base_losses, base_gelu, base_softmax, _, _ = probe("none", plain)
-    full_losses, full_gelu, full_softmax, _, _ = probe("full", plain, "recompute_config.recompute=true")
-    sel_losses, sel_gelu, sel_softmax, _, _ = probe("select", plain, "recompute_config.select_recompute=true")
-    mixed_losses, mixed_gelu, mixed_softmax, _, _ = probe("mixed", plain, "recompute_config.recompute=[1]")
+    probes = [("none", [plain]), ("full", [plain, "recompute_config.recompute=true"]),
+              ("select", [plain, "recompute_config.select_recompute=true"]),
+              ("mixed", [plain, "recompute_config.recompute=[1]"]),
+              ("kernels", []), ("kernels_select", ["recompute_config.select_recompute=true"])]
+    proc = subprocess.run([sys.executable, "-c", RECOMPUTE_PROBE, ROOT, dataset, str(tmp_path), json.dumps(probes)],
+                          capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, GLOG_v="3", MS_DEV_DUMP_IR_PASSES="execute"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    rows = [json.loads(l.split(" ", 1)[1]) for l in proc.stdout.splitlines() if l.startswith("PROBE ")]
+    assert [r[0] for r in rows] == [name for name, _ in probes], proc.stdout[-2000:]
+    # name: (losses, gelu sigmoids, softmaxes, fused gelus, fused softmaxes)
+    (base_losses, base_gelu, base_softmax, _, _), (full_losses, full_gelu, full_softmax, _, _), \
+        (sel_losses, sel_gelu, sel_softmax, _, _), (mixed_losses, mixed_gelu, mixed_softmax, _, _), \
+        (kernel_losses, _, _, kernel_gelu, kernel_softmax), \
+        (kernel_sel_losses, _, _, sel_kernel_gelu, sel_kernel_softmax) = [r[1:] for r in rows]
     assert base_softmax == 2 and base_gelu == 2  # two layers, each op once in the forward
     assert base_losses == full_losses == sel_losses  # recompute changes memory, never the numbers
     assert full_gelu == 2 * base_gelu and full_softmax == 2 * base_softmax  # every layer's forward runs twice
     assert sel_gelu == 2 * base_gelu and sel_softmax == 2 * base_softmax  # the selected ops run twice
     # with the fused CPU kernels, selective recompute is the kernels' own backward running them again
-    kernel_losses, _, _, kernel_gelu, kernel_softmax = probe("kernels")
-    kernel_sel_losses, _, _, sel_kernel_gelu, sel_kernel_softmax = probe("kernels_select",
-                                                                        "recompute_config.select_recompute=true")
     assert kernel_gelu == kernel_softmax == 2 and sel_kernel_gelu == sel_kernel_softmax == 4
     assert kernel_sel_losses == kernel_losses
     # layers that recompute differently do not share one reused (lazy_inline) graph: only layer 0 recomputes
@@ -298,15 +306,15 @@ def test_reshard_split_for_model_parallel_then_merge_is_bit_identical(tmp_path):
     store.write_tensors(str(tmp_path / "full.ckpt"), full, "ckpt")
     save_config(c, str(tmp_path / "config.yaml"))
     layout = ["--set", "parallel_config.model_parallel=2", "--set", "parallel_config.data_parallel=2"]
-    proc = ms_llm("convert", "--split", str(tmp_path / "full.ckpt"), "--config", str(tmp_path / "config.yaml"),
-                  *layout, "--devices", "4", "--output", str(tmp_path / "shards"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    from ms_llm.cli import main  # the CLI's commands in this process: a process of their own would add the import
+
+    assert main(["convert", "--split", str(tmp_path / "full.ckpt"), "--config", str(tmp_path / "config.yaml"),
+                 *layout, "--devices", "4", "--output", str(tmp_path / "shards")]) == 0
     r1 = store.read_tensors(str(tmp_path / "shards" / "rank_1" / "model.ckpt"))
     assert r1["layers.0.attention.qkv.weight"].shape == (shapes["layers.0.attention.qkv.weight"][0] // 2, 64)
     assert r1["layers.0.mlp.down.weight"].shape == (64, shapes["layers.0.mlp.down.weight"][1] // 2)
     assert np.array_equal(r1["layers.0.attn_norm.weight"], full["layers.0.attn_norm.weight"])  # replicated
-    proc = ms_llm("convert", "--merge", str(tmp_path / "shards"), "--config", str(tmp_path / "config.yaml"),
-                  *layout, "--devices", "4", "--output", str(tmp_path / "merged.ckpt"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert main(["convert", "--merge", str(tmp_path / "shards"), "--config", str(tmp_path / "config.yaml"),
+                 *layout, "--devices", "4", "--output", str(tmp_path / "merged.ckpt")]) == 0
     merged = store.read_tensors(str(tmp_path / "merged.ckpt"))
     assert merged.keys() == full.keys() and all(np.array_equal(merged[k], full[k]) for k in full)

@@ -211,7 +211,7 @@ def model(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
     d = tmp_path_factory.mktemp("pref_model")
-    demo.write_random_qwen2(str(d / "hf"))
+    demo.write_random_qwen2(str(d / "hf"), layers=1)  # one layer: every run compiles half the graph of two
     code, _, err = cli("convert", "--from-hf", d / "hf", "--output", d / "base")
     assert code == 0, err
     return d
@@ -367,7 +367,8 @@ def test_lora_reference_is_the_base_with_adapters_off_and_the_merged_export_is_t
     checkpoint is the policy of step 7: 24 pairs in file order are 6 batches, so step 7 logs the first batch again
     with the weights of 6 updates, and a run started from the merged weights logs the same log-probs at its step 1."""
     run = tmp_path / "lora"
-    out = train(model, dataset[0] / "data", run, f"finetune.preference.beta={BETA}", "finetune.lora.rank=4",
+    # rank 8 on the one layer: a step-7 margin of 0.062, as rank 4 on two layers had (0.064)
+    out = train(model, dataset[0] / "data", run, f"finetune.preference.beta={BETA}", "finetune.lora.rank=8",
                 "train.lr=1e-2", "train.max_steps=7", "checkpoint.save_interval=6")
     first, seventh = steps(run)[0], steps(run)[6]
     assert "reference log-probs: 24 pairs from" in out  # the full run's table: the same reference

@@ -10,7 +10,10 @@ run (8 experts, top-2, the default aux loss) that raises no alarm and records it
                                                    → moe_aux_too_small, the coefficient first
     (moe-e) aux coefficient too large: 100             → moe_aux_too_large, the coefficient first
 
-Each run is 200 steps of the tiny Llama with MoE MLPs (logged every 10 steps: the rules judge the last 5 records).
+Each run is 200 steps of the tiny Llama with MoE MLPs (logged every 10 steps: the rules judge the last 5 records;
+at 100 steps the dead experts of moe-b are still a collapse). The healthy run has the tiny model's 2 layers (its
+records are per layer); the fault runs have 1 (the rules judge each layer alone; a MoE layer costs ~1.5 CPU s of
+compile and steps per run).
 """
 import json
 
@@ -74,7 +77,8 @@ def test_the_report_shows_expert_load_heat_maps_and_the_aux_loss(healthy):
      "--set model.moe.aux_loss_coef=0.01"),
 ])
 def test_moe_faults_are_named_first(dataset, tmp_path, name, overrides, fid, words, fix):
-    train(tiny_cfg(dataset, *MOE, *sets("train.max_steps=200", "train.eval_interval=100", *overrides)), tmp_path / name)
+    train(tiny_cfg(dataset, *MOE, *sets("model.num_layers=1", "train.max_steps=200", "train.eval_interval=100",
+                                        *overrides)), tmp_path / name)
     found = diagnose(tmp_path / name)
     print(f"{name}: first alarm {alarms(found)[0].id if alarms(found) else None}: {alarms(found)[0].symptom}; cause 1: "
           f"{alarms(found)[0].causes[0]}; action 1: {alarms(found)[0].actions[0]}" if alarms(found) else "no alarm")

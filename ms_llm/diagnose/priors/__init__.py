@@ -29,6 +29,10 @@ from typing import Callable, Optional
 
 import yaml
 
+# libyaml's parser when PyYAML was built with it: the tables are ~260 kB, 0.37 s with the Python parser and 0.04 s
+# with libyaml, paid by every process that diagnoses (a training run's live diagnosis included)
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 KEYS_FILE = os.path.join(HERE, "keys.yaml")
 HOW = ("range", "choice", "through", "rule", "measure", "unjudged")
@@ -164,7 +168,7 @@ def entries():
         if path == KEYS_FILE:
             continue
         with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f) or {}
+            doc = yaml.load(f, Loader=SAFE_LOADER) or {}  # noqa: S506 (a safe loader)
         for e in doc.get("entries") or []:
             out.append(Entry(name=str(e["name"]), source=str(e.get("source") or doc.get("source") or ""),
                              kind=str(e.get("kind") or doc.get("kind") or "shape"),
@@ -189,7 +193,7 @@ def stage_of(entry, doc):
 def keys():
     """keys.yaml: {key: {"how": ..., ...}} for every schema key and derived quantity."""
     with open(KEYS_FILE, encoding="utf-8") as f:
-        doc = yaml.safe_load(f) or {}
+        doc = yaml.load(f, Loader=SAFE_LOADER) or {}  # noqa: S506 (a safe loader)
     out = {}
     for how in HOW:
         for key, spec in (doc.get(how) or {}).items():

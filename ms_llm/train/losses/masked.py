@@ -81,7 +81,9 @@ class LossMask(nn.Cell):
     def __init__(self, use_mask=True, with_documents=True):
         super().__init__(auto_prefix=False)
         self.use_mask, self.documents = use_mask, with_documents
-        self.loss_tokens = self.target_tokens = 0.0  # this rank's masked-in and real targets since the last log
+        # this rank's masked-in and real targets since the last log: host-side counts, not graph state, so private
+        # (the compile cache's key describes a cell's public attributes: these would key it on the first batch)
+        self._loss_tokens = self._target_tokens = 0.0
 
     def inputs(self, batches, count, training):
         """(this rank's count of the step's masked-in targets, ids, weights, segments, prompt weights) per
@@ -91,17 +93,17 @@ class LossMask(nn.Cell):
         weights = [target_weights(m, s, self.use_mask or not training) for m, s in cols]
         masked_in = ms.Tensor(np.float32(sum(float(w.sum()) for w in weights)))
         if count:
-            self.loss_tokens += float(sum(w.sum() for w in weights))
-            self.target_tokens += float(sum(target_weights(m, s, False).sum() for m, s in cols))
+            self._loss_tokens += float(sum(w.sum() for w in weights))
+            self._target_tokens += float(sum(target_weights(m, s, False).sum() for m, s in cols))
         return [(masked_in, b.ids, ms.Tensor(w), b.segments, ms.Tensor(prompt_weights(m, s)))
                 for b, w, (m, s) in zip(batches, weights, cols)]
 
     def log_fields(self):
         """The share of this rank's target tokens the loss counted since the last record."""
-        if not self.target_tokens:
+        if not self._target_tokens:
             return {}
-        out = {"loss_tokens_frac": round(self.loss_tokens / self.target_tokens, 5)}
-        self.loss_tokens = self.target_tokens = 0.0
+        out = {"loss_tokens_frac": round(self._loss_tokens / self._target_tokens, 5)}
+        self._loss_tokens = self._target_tokens = 0.0
         return out
 
     def segments(self, columns):
