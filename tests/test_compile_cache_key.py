@@ -88,6 +88,7 @@ def changed_values(dataset, other_dataset):
         "checkpoint.save_interval": 5, "checkpoint.auto_resume": True, "checkpoint.keep_last": 1,
         "checkpoint.format": "safetensors", "checkpoint.async_save": True, "checkpoint.remote_dir": "/tmp/remote",
         "checkpoint.uploader": "ms_llm.checkpoint.remote:LocalUploader", "checkpoint.load_weights": "w.ckpt",
+        "checkpoint.remote_endpoint": "http://127.0.0.1:9", "checkpoint.upload_budget_s": 5.0,
         "monitor.summary": True, "monitor.tensorboard": True, "monitor.report": True,
         "monitor.telemetry_interval_s": 5.0, "monitor.progress_bar": False, "monitor.peak_tflops": 100.0,
         "monitor.nan_check": True, "monitor.tensor_stats": "{every: 1}", "monitor.profile": "{start_step: 1}",
