@@ -188,16 +188,20 @@ def dataset(corpus, tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def cache(tmp_path):
-    """Environment for an empty compile cache that shares the fused-kernel build of the session's cache (so
-    g++ does not rebuild it)."""
-    root = tmp_path / "cache"
-    root.mkdir()
+def empty_cache(folder):
+    """Environment for an empty compile cache in `folder` (created here) that shares the fused-kernel build of the
+    session's cache (so g++ does not rebuild it)."""
+    folder.mkdir()
     kernels = os.path.join(os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm")), "kernels")
     if os.path.isdir(kernels):
-        os.symlink(kernels, root / "kernels")
-    return {"MS_LLM_CACHE": str(root)}
+        os.symlink(kernels, folder / "kernels")
+    return {"MS_LLM_CACHE": str(folder)}
+
+
+@pytest.fixture
+def cache(tmp_path):
+    """An empty compile cache of this test's own (`empty_cache`)."""
+    return empty_cache(tmp_path / "cache")
 
 
 def ms_llm(*args, cwd=None, timeout=600, env=None):
@@ -297,12 +301,7 @@ def msrun_accum2(dataset, tmp_path_factory):
         pytest.skip("msrun not installed")
 
     def build(folder):
-        cache = folder / "cache"
-        cache.mkdir()
-        kernels = os.path.join(os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm")), "kernels")
-        if os.path.isdir(kernels):
-            os.symlink(kernels, cache / "kernels")
-        env = {"MS_LLM_CACHE": str(cache)}
+        env = empty_cache(folder / "cache")
         logs = msrun_train(dataset, folder / "run", folder / "logs", *ACCUM2, "--set", "train.micro_batch_size=2",
                            env=env)
         return {"run": str(folder / "run"), "logs": logs, "env": env}

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, build_once, flock, ms_llm, tiny_train_args
+from conftest import ROOT, build_once, empty_cache, flock, ms_llm, tiny_train_args
 
 # Live diagnosis off: a host-only key (tests/test_compile_cache_key.py), it reads the logged metrics and never the
 # graph, and its rule tables cost about a second of every run here.
@@ -35,16 +35,6 @@ def train(args, env):
     proc = ms_llm(*args, env=env)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     return proc.stdout + proc.stderr
-
-
-def new_cache(folder):
-    """Environment for an empty compile cache in `folder` that shares the session's fused-kernel build (conftest's
-    `cache` fixture, for a cache that a session-wide fixture fills)."""
-    folder.mkdir()
-    kernels = os.path.join(os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm")), "kernels")
-    if os.path.isdir(kernels):
-        os.symlink(kernels, folder / "kernels")
-    return {"MS_LLM_CACHE": str(folder)}
 
 
 def filled_entry(out):
@@ -85,11 +75,11 @@ def order_runs(dataset, tmp_path_factory):
             return {"metrics": metrics(root / name), "digest": digest(out), "out": out, "dir": str(root / name),
                     "env": env}
 
-        runs, shared, own = {}, new_cache(root / "cache-shared"), {}
+        runs, shared, own = {}, empty_cache(root / "cache-shared"), {}
         runs["plain"] = run("plain", shared, [])
         for option, extra in OPTIONS.items():
             runs[f"plain-then-{option}"] = run(f"plain-then-{option}", shared, extra)
-            own[option] = new_cache(root / f"cache-{option}")
+            own[option] = empty_cache(root / f"cache-{option}")
             if option == "lr":
                 own[option].update(MINDSPORE_SWITCH, MS_COMPILER_CACHE_PATH=str(root / "mindspore_cache"))
             runs[option] = run(option, own[option], extra)
@@ -169,7 +159,7 @@ def references(dataset, tmp_path_factory):
     """{"runs": {name: metrics, digest, entry}, "env", "root"} of the REFERENCES runs, trained once per session
     against one cache, whose entries are kept aside as they were filled (`pristine`)."""
     def build(root):
-        env, runs = new_cache(root / "cache"), {}
+        env, runs = empty_cache(root / "cache"), {}
         for name, args in REFERENCES.items():
             out = train(tiny_train_args(dataset, root / name, *args), env)
             runs[name] = {"metrics": metrics(root / name), "digest": digest(out), "entry": filled_entry(out)}

@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, THREADS, free_port, ms_llm
+from conftest import ROOT, THREADS, empty_cache, free_port, ms_llm
 from finetune_fixtures import QUIET, assets, demo
 
 pytestmark = pytest.mark.slow
@@ -104,12 +104,7 @@ def lora_run(setup):
     at 10 and 20, every step logged: (run dir, stdout, compile cache env). Trained by `ms-llm train` in a process,
     with a compile cache of the module's own (the fused kernels' build shared, as conftest's `cache`), so that
     `ms-llm benchmark` of the same step below loads its compiled graph instead of compiling it again."""
-    cache = setup / "cache"
-    cache.mkdir()
-    kernels = os.path.join(os.environ.get("MS_LLM_CACHE", os.path.expanduser("~/.cache/ms_llm")), "kernels")
-    if os.path.isdir(kernels):
-        os.symlink(kernels, cache / "kernels")
-    env = {"MS_LLM_CACHE": str(cache)}
+    env = empty_cache(setup / "cache")
     run = setup / "runs" / "lora"
     out = process(*train_args(setup, run, *LORA), *THREADS, env=env)
     return run, out, env
