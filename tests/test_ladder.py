@@ -7,7 +7,6 @@ import os
 import pytest
 import yaml
 
-from conftest import ROOT
 from ms_llm.errors import UserError
 from ms_llm.tune.ladder import run as lad
 from ms_llm.tune.ladder.plan import (EXACT, NOISE, OPTIONS, PLAIN, Machine, flatten, missing_hardware, plan_rungs,

@@ -12,7 +12,6 @@ import pytest
 
 import mindspore as ms
 
-from conftest import ROOT
 
 ms.set_device("CPU")
 ms.set_context(mode=ms.GRAPH_MODE)
