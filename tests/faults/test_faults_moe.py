@@ -10,10 +10,16 @@ run (8 experts, top-2, the default aux loss) that raises no alarm and records it
                                                    → moe_aux_too_small, the coefficient first
     (moe-e) aux coefficient too large: 100             → moe_aux_too_large, the coefficient first
 
-Each run is 200 steps of the tiny Llama with MoE MLPs (logged every 10 steps: the rules judge the last 5 records;
-at 100 steps the dead experts of moe-b are still a collapse). The healthy run has the tiny model's 2 layers (its
-records are per layer); the fault runs have 1 (the rules judge each layer alone; a MoE layer costs ~1.5 CPU s of
-compile and steps per run).
+The runs are the tiny Llama with MoE MLPs, logged every 10 steps (the rules judge the last 5 records), each as
+long as its fault needs to show: the healthy run 200 steps (20 records of router health); moe-c and moe-e 60 (the
+capacity drops and the aux loss's size are there from the first step; 60 steps is the rules' 5-record window after
+the first record); moe-a and moe-d 100 (at 60 the zero-init router is still only uneven and the 15x-wide one still a
+collapse: measured); moe-b 150 (its dead experts showed at 100 and 120 here, but an earlier measurement at 100 still read a collapse:
+150 leaves a margin).
+At 200 steps, as at these lengths, each fault's finding was its run's only alarm (measured), so the shorter runs
+take no competing alarm away from the "named first" check.
+The healthy run has the tiny model's 2 layers (its records are per layer); the fault runs have 1 (the rules judge
+each layer alone; a MoE layer costs ~1.5 CPU s of compile and steps per run).
 """
 import json
 
@@ -63,21 +69,22 @@ def test_the_report_shows_expert_load_heat_maps_and_the_aux_loss(healthy):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, overrides, fid, words, fix", [
-    ("moe_a_collapse", ("model.moe.router_init_std=0", "model.moe.aux_loss_coef=0"), "moe_router_collapse",
+@pytest.mark.parametrize("name, steps, overrides, fid, words, fix", [
+    ("moe_a_collapse", 100, ("model.moe.router_init_std=0", "model.moe.aux_loss_coef=0"), "moe_router_collapse",
      ("router starts at zero",), "--set model.moe.aux_loss_coef=0.01"),
-    ("moe_b_dead", ("model.moe.num_experts=32", "model.moe.top_k=1", "model.moe.router_init_std=3.0",
-                    "model.moe.aux_loss_coef=0"), "moe_dead_experts", ("initialised 150x wider",),
+    ("moe_b_dead", 150, ("model.moe.num_experts=32", "model.moe.top_k=1", "model.moe.router_init_std=3.0",
+                         "model.moe.aux_loss_coef=0"), "moe_dead_experts", ("initialised 150x wider",),
      "--set model.moe.aux_loss_coef=0.01"),
-    ("moe_c_drop", ("model.moe.capacity_factor=0.5",), "moe_tokens_dropped", ("capacity_factor = 0.5 < 1",),
+    ("moe_c_drop", 60, ("model.moe.capacity_factor=0.5",), "moe_tokens_dropped", ("capacity_factor = 0.5 < 1",),
      "--set model.moe.capacity_factor="),
-    ("moe_d_aux_small", ("model.moe.router_init_std=0.3", "model.moe.aux_loss_coef=1e-5"), "moe_aux_too_small",
+    ("moe_d_aux_small", 100, ("model.moe.router_init_std=0.3", "model.moe.aux_loss_coef=1e-5"), "moe_aux_too_small",
      ("aux_loss_coef = 1e-05 is too small",), "--set model.moe.aux_loss_coef=0.01"),
-    ("moe_e_aux_large", ("model.moe.aux_loss_coef=100",), "moe_aux_too_large", ("aux_loss_coef = 100 is too large",),
-     "--set model.moe.aux_loss_coef=0.01"),
+    ("moe_e_aux_large", 60, ("model.moe.aux_loss_coef=100",), "moe_aux_too_large",
+     ("aux_loss_coef = 100 is too large",), "--set model.moe.aux_loss_coef=0.01"),
 ])
-def test_moe_faults_are_named_first(dataset, tmp_path, name, overrides, fid, words, fix):
-    train(tiny_cfg(dataset, *MOE, *sets("model.num_layers=1", "train.max_steps=200", "train.eval_interval=100",
+def test_moe_faults_are_named_first(dataset, tmp_path, name, steps, overrides, fid, words, fix):
+    # no evaluation between the steps (the MoE rules read the training records only; the run's end still evaluates)
+    train(tiny_cfg(dataset, *MOE, *sets("model.num_layers=1", f"train.max_steps={steps}", "train.eval_interval=0",
                                         *overrides)), tmp_path / name)
     found = diagnose(tmp_path / name)
     print(f"{name}: first alarm {alarms(found)[0].id if alarms(found) else None}: {alarms(found)[0].symptom}; cause 1: "
