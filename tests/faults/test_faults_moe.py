@@ -14,12 +14,11 @@ The runs are the tiny Llama with MoE MLPs, logged every 10 steps (the rules judg
 long as its fault needs to show: the healthy run 200 steps (20 records of router health); moe-c and moe-e 60 (the
 capacity drops and the aux loss's size are there from the first step; 60 steps is the rules' 5-record window after
 the first record); moe-a and moe-d 100 (at 60 the zero-init router is still only uneven and the 15x-wide one still a
-collapse: measured); moe-b 150 (its dead experts showed at 100 and 120 here, but an earlier measurement at 100 still read a collapse:
-150 leaves a margin).
-At 200 steps, as at these lengths, each fault's finding was its run's only alarm (measured), so the shorter runs
-take no competing alarm away from the "named first" check.
-The healthy run has the tiny model's 2 layers (its records are per layer); the fault runs have 1 (the rules judge
-each layer alone; a MoE layer costs ~1.5 CPU s of compile and steps per run).
+collapse: measured); moe-b 150 (its dead experts showed at 100 and 120 here, but an earlier measurement at 100
+still read a collapse: 150 leaves a margin). At 200 steps, as at these lengths, each fault's finding was its run's
+only alarm (measured), so the shorter runs take no competing alarm away from the "named first" check. The healthy
+run has the tiny model's 2 layers (its records are per layer); the fault runs have 1 (the rules judge each layer
+alone; a MoE layer costs ~1.5 CPU s of compile and steps per run).
 """
 import json
 
