@@ -2,12 +2,15 @@
 converted, fine-tuned on chat data made from the bundled text, fully and with LoRA; the LoRA checkpoint merged and
 converted back to Hugging Face; the masked loss over 2 ranks under msrun (issue 29).
 
-The runs are shared by the module's tests (module-scoped fixtures), trained in-process through `ms-llm`'s main, but
-for the LoRA run: a process with a compile cache of its own, whose compiled step `ms-llm benchmark` reuses."""
+The runs are shared by the module's tests, trained once per session (conftest.build_once: under xdist the worker that
+asks first trains them) in-process through `ms-llm`'s main, but for the LoRA run: a process with a compile cache of
+its own, whose compiled graphs `ms-llm benchmark` and a resume, processes too, load (an `ms-llm` process loads them
+in about a second; loaded into the test's own process they measured as slow as a compile)."""
 import contextlib
 import io
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -15,7 +18,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, THREADS, empty_cache, free_port, ms_llm
+from conftest import ROOT, THREADS, build_once, empty_cache, free_port, ms_llm
 from finetune_fixtures import QUIET, assets, demo
 
 pytestmark = pytest.mark.slow
@@ -32,6 +35,20 @@ def cli(*args):
     return code, out.getvalue(), err.getvalue()
 
 
+@contextlib.contextmanager
+def compile_cache(env):
+    """MS_LLM_CACHE set to the compile cache of `env` (conftest.empty_cache) inside the block."""
+    old = os.environ.get("MS_LLM_CACHE")
+    os.environ["MS_LLM_CACHE"] = env["MS_LLM_CACHE"]
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("MS_LLM_CACHE", None)
+        else:
+            os.environ["MS_LLM_CACHE"] = old
+
+
 def records(run):
     return [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
 
@@ -41,7 +58,10 @@ def setup(tmp_path_factory):
     """The converted random Qwen2.5-shaped model, the chat dataset and a plain-text set with the same tokenizer."""
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    d = tmp_path_factory.mktemp("finetune")
+    return pathlib.Path(build_once(tmp_path_factory, "finetune_setup", lambda d: str(make_setup(d))))
+
+
+def make_setup(d):
     a = assets()
     # one layer: its 4 projections carry LoRA as every layer's do, and each run compiles half the graph of 2 layers
     demo.write_random_qwen2(str(d / "hf"), layers=1)
@@ -84,14 +104,17 @@ def process(*args, env):
 
 
 @pytest.fixture(scope="module")
-def full_run(setup):
+def full_run(setup, tmp_path_factory):
     """30 steps of full fine-tuning, with the plain-text set as data.extra_val. One micro-batch of 8 per step: one
     step graph to compile (the LoRA run below accumulates 2 micro-batches of the masked loss, and so does the msrun
     test on each of its ranks)."""
-    run = setup / "runs" / "full"
-    out = train(setup, run, "train.max_steps=30", "train.lr=3e-3", f"data.extra_val={setup / 'plain'}",
-                "train.micro_batch_size=8")
-    return run, out
+    def build(folder):
+        out = train(setup, folder / "full", "train.max_steps=30", "train.lr=3e-3",
+                    f"data.extra_val={setup / 'plain'}", "train.micro_batch_size=8")
+        return {"run": str(folder / "full"), "out": out}
+
+    built = build_once(tmp_path_factory, "finetune_full", build)
+    return pathlib.Path(built["run"]), built["out"]
 
 
 LORA = ("train.max_steps=20", "train.lr=1e-2", "finetune.lora.rank=8", "finetune.lora.dropout=0.1",
@@ -99,15 +122,18 @@ LORA = ("train.max_steps=20", "train.lr=1e-2", "finetune.lora.rank=8", "finetune
 
 
 @pytest.fixture(scope="module")
-def lora_run(setup):
+def lora_run(setup, tmp_path_factory):
     """20 steps of LoRA (rank 8 on every projection, dropout 0.1 on the adapters' input), accumulation 2, checkpoints
     at 10 and 20, every step logged: (run dir, stdout, compile cache env). Trained by `ms-llm train` in a process,
-    with a compile cache of the module's own (the fused kernels' build shared, as conftest's `cache`), so that
-    `ms-llm benchmark` of the same step below loads its compiled graph instead of compiling it again."""
-    env = empty_cache(setup / "cache")
-    run = setup / "runs" / "lora"
-    out = process(*train_args(setup, run, *LORA), *THREADS, env=env)
-    return run, out, env
+    with a compile cache of its own (the fused kernels' build shared, as conftest's `cache`), so that `ms-llm
+    benchmark` of the same step and the resume below load its compiled graphs instead of compiling them again."""
+    def build(folder):
+        env = empty_cache(folder / "cache")
+        out = process(*train_args(setup, folder / "lora", *LORA), *THREADS, env=env)
+        return {"run": str(folder / "lora"), "out": out, "env": env}
+
+    built = build_once(tmp_path_factory, "finetune_lora", build)
+    return pathlib.Path(built["run"]), built["out"], built["env"]
 
 
 def logged(run):
@@ -119,15 +145,12 @@ def test_lora_dropout_reruns_and_resumes_exactly(lora_run, setup, tmp_path, cach
     """LoRA's dropout masks are keyed on (seed, step, sample, site): the same run again, in this process and a
     compile cache of its own (compiled afresh), logs the same losses and validation loss up to step 10 (where
     train.stop_at_step ends it: the schedule is the run's), and a resume at accumulation 2 from the run's step-10
-    checkpoint logs the same 20 steps."""
-    run, _, _ = lora_run
+    checkpoint logs the same 20 steps (the resume a process, as the run was: it loads the run's compiled graphs
+    from the run's compile cache)."""
+    run, _, env = lora_run
     again = tmp_path / "again"
-    old = os.environ.get("MS_LLM_CACHE")
-    os.environ["MS_LLM_CACHE"] = cache["MS_LLM_CACHE"]
-    try:
-        out = train(setup, again, *LORA, "train.stop_at_step=10")  # in this process: compiled afresh
-    finally:
-        os.environ["MS_LLM_CACHE"] = old if old is not None else os.environ.pop("MS_LLM_CACHE")
+    with compile_cache(cache):
+        out = train(setup, again, *LORA, "train.stop_at_step=10")  # compiled afresh
     assert "stopped at step 10" in out, out[-2000:]
     assert len(logged(run)) > 20 and logged(again) == [r for r in logged(run) if r[0] <= 10]
     resumed = tmp_path / "resumed"
@@ -135,8 +158,8 @@ def test_lora_dropout_reruns_and_resumes_exactly(lora_run, setup, tmp_path, cach
     for step in ("step_00000020.ckpt", "step_00000020.json"):
         os.remove(resumed / "checkpoints" / "rank_0" / step)
     (resumed / "checkpoints" / "rank_0" / "latest").write_text("step_00000010")
-    code, out, err = cli("train", "--config", run / "config.yaml", "--run-dir", resumed, "--resume")
-    assert code == 0 and "resuming at step 10" in out, err + out[-2000:]
+    out = process("train", "--config", run / "config.yaml", "--run-dir", resumed, "--resume", env=env)
+    assert "resuming at step 10" in out, out[-2000:]
     assert logged(resumed) == logged(run)
 
 
@@ -195,7 +218,7 @@ def test_lora_trains_its_adapters_and_checkpoints_them_alone(lora_run, setup):
     assert bench["optimizer_state_bytes"] == moments and bench["trainable_parameters"] == adapters
 
 
-def test_lora_merged_export_gives_base_plus_adapters_in_transformers(lora_run, setup):
+def test_lora_merged_export_gives_base_plus_adapters_in_transformers(lora_run, setup, tmp_path):
     """convert --merge-lora, then --to-hf: transformers' logits of the merged model equal ms_llm's logits of the base
     with its adapters within 1e-5; a LoRA checkpoint whose base changed is refused on resume, naming both hashes."""
     import torch
@@ -203,12 +226,12 @@ def test_lora_merged_export_gives_base_plus_adapters_in_transformers(lora_run, s
 
     run, _, _ = lora_run
     ckpt = run / "checkpoints" / "rank_0" / "step_00000020.ckpt"
-    code, out, err = cli("convert", "--merge-lora", ckpt, "--output", setup / "merged")
+    code, out, err = cli("convert", "--merge-lora", ckpt, "--output", tmp_path / "merged")
     assert code == 0, err
-    code, out, err = cli("convert", "--to-hf", setup / "merged" / "model.ckpt", "--output", setup / "merged_hf")
+    code, out, err = cli("convert", "--to-hf", tmp_path / "merged" / "model.ckpt", "--output", tmp_path / "merged_hf")
     assert code == 0, err
     ids = np.random.default_rng(0).integers(0, 512, (1, 32)).astype(np.int32)
-    hf = AutoModelForCausalLM.from_pretrained(str(setup / "merged_hf"), dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged_hf"), dtype=torch.float32).eval()
     with torch.no_grad():
         theirs = hf(torch.tensor(ids, dtype=torch.long)).logits.numpy()[0]
     from ms_llm.train.setup.run_model import load_run_model
@@ -220,11 +243,11 @@ def test_lora_merged_export_gives_base_plus_adapters_in_transformers(lora_run, s
     assert np.abs(ours - theirs).max() < 1e-5, np.abs(ours - theirs).max()
     from ms_llm.checkpoint import store
 
-    base, merged = (store.read_tensors(str(setup / d / "model.ckpt")) for d in ("base", "merged"))
+    base, merged = (store.read_tensors(str(d / "model.ckpt")) for d in (setup / "base", tmp_path / "merged"))
     changed = [k for k in base if np.abs(base[k] - merged[k]).max() > 1e-4]
     assert len(changed) == 4 and all(k.endswith(".weight") for k in changed)  # the 4 adapted projections
 
-    moved = setup / "lora_resume"
+    moved = tmp_path / "lora_resume"
     shutil.copytree(run, moved)
     meta_path = moved / "checkpoints" / "rank_0" / "step_00000020.json"
     meta = json.load(open(meta_path))

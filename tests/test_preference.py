@@ -9,6 +9,7 @@ import contextlib
 import io
 import json
 import os
+import pathlib
 import shutil
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, build_once
 from finetune_fixtures import assets, demo, write_jsonl
 
 SEQ = 255
@@ -58,11 +59,15 @@ def preprocess(pairs, out, *extra):
 
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pref_data")
-    pairs = write_jsonl(d / "pairs.jsonl", pair_records())
-    code, out, err = preprocess(pairs, d / "data", "--val-fraction", "0")
-    assert code == 0, err
-    return d, pairs
+    """(folder, pairs file): made once per session, as the model and runs below (conftest.build_once)."""
+    def build(d):
+        pairs = write_jsonl(d / "pairs.jsonl", pair_records())
+        code, out, err = preprocess(pairs, d / "data", "--val-fraction", "0")
+        assert code == 0, err
+        return [str(d), str(pairs)]
+
+    d, pairs = build_once(tmp_path_factory, "pref_data", build)
+    return pathlib.Path(d), pairs
 
 
 def read_rows(folder, split="train"):
@@ -210,11 +215,14 @@ def test_unshuffled_data_is_file_order_epoch_after_epoch():
 def model(tmp_path_factory):
     pytest.importorskip("torch")
     pytest.importorskip("transformers")
-    d = tmp_path_factory.mktemp("pref_model")
-    demo.write_random_qwen2(str(d / "hf"), layers=1)  # one layer: every run compiles half the graph of two
-    code, _, err = cli("convert", "--from-hf", d / "hf", "--output", d / "base")
-    assert code == 0, err
-    return d
+
+    def build(d):
+        demo.write_random_qwen2(str(d / "hf"), layers=1)  # one layer: every run compiles half the graph of two
+        code, _, err = cli("convert", "--from-hf", d / "hf", "--output", d / "base")
+        assert code == 0, err
+        return str(d)
+
+    return pathlib.Path(build_once(tmp_path_factory, "pref_model", build))
 
 
 PAIRS = 4  # pairs per step (train.global_batch_size)
@@ -239,7 +247,10 @@ def train(model, data, run, *settings):
 def trl(model, dataset, tmp_path_factory):
     """TRL's DPOTrainer (sigmoid and ipo) for STEPS steps, and TRL's SimPO formula on the first batch."""
     pytest.importorskip("trl")
-    d = tmp_path_factory.mktemp("trl")
+    return build_once(tmp_path_factory, "pref_trl", lambda d: run_trl(model, dataset, d))
+
+
+def run_trl(model, dataset, d):
     _, rows = read_rows(dataset[0] / "data")
     spec = {"hf": str(model / "hf"), "tok": os.path.dirname(assets()["tok"]), "pairs": str(dataset[1]),
             "steps": STEPS, "batch": 4, "lr": 1e-3,
@@ -260,10 +271,13 @@ METRICS = ("rewards/chosen", "rewards/rejected", "rewards/accuracies", "rewards/
 @pytest.fixture(scope="module")
 def dpo_run(model, dataset, tmp_path_factory):
     """DPO for STEPS steps, a checkpoint at step 2 (for the resume test)."""
-    run = tmp_path_factory.mktemp("runs") / "dpo"
-    out = train(model, dataset[0] / "data", run, "finetune.preference.loss=dpo", f"finetune.preference.beta={BETA}",
-                "checkpoint.save_interval=2", f"checkpoint.keep_last={STEPS}")
-    return run, out
+    def build(folder):
+        out = train(model, dataset[0] / "data", folder / "dpo", "finetune.preference.loss=dpo",
+                    f"finetune.preference.beta={BETA}", "checkpoint.save_interval=2", f"checkpoint.keep_last={STEPS}")
+        return [str(folder / "dpo"), out]
+
+    run, out = build_once(tmp_path_factory, "pref_dpo", build)
+    return pathlib.Path(run), out
 
 
 def compare(ours, theirs, what, exact):
