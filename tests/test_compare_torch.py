@@ -459,7 +459,8 @@ print(sorted(m for m in sys.modules if m.startswith("ms_llm")))
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     assert lines[0].startswith("['0', '1', 'logits'] ['0.weight', '1.bias', '1.weight']")
-    assert lines[1] == "['ms_llm', 'ms_llm.interop', 'ms_llm.interop.torch_dump']"
+    # the package's own start (ms_llm/lean_import.py: the standard library alone) and the dump, nothing else
+    assert lines[1] == "['ms_llm', 'ms_llm.interop', 'ms_llm.interop.torch_dump', 'ms_llm.lean_import']"
     index, forward, grads = read_dump(tmp_path / "d")
     assert index["format"] == "ms_llm.dump/2" and index["batch_sha256"] == batch_sha256(random_batch(50, 2, 8))
     assert forward["1"].shape == (2, 8, 50) and np.array_equal(forward["1"], forward["logits"])

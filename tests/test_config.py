@@ -46,10 +46,13 @@ def test_preset_then_explicit_keys(tmp_path):
     ("train.micro_batch_size=5", ["global_batch_size = 12", "micro_batch_size = 5"]),
     ("model.dropout=1.5", ["model.dropout = 1.5"]),
     ("train.max_steps=0", ["train.max_steps = 0", "positive"]),
+    ("train.eval_steps=-1", ["train.eval_steps", "-1"]),
+    ("data.extra_val=/some/dataset train.eval_steps=0", ["data.extra_val = '/some/dataset'", "train.eval_steps = 0",
+                                                        "turns validation off", "data.extra_val: null"]),
 ])
 def test_validation_messages_name_field_value_and_fix(override, words):
     with pytest.raises(UserError) as e:
-        load_config(None, [override])
+        load_config(None, override.split())
     for w in words:
         assert w in str(e.value), str(e.value)
 

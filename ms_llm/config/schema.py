@@ -147,7 +147,8 @@ class TrainConfig:
     seed: int = opt(1337, "seeds init, data order and dropout")
     log_interval: int = opt(10, "steps between log lines")
     eval_interval: int = opt(250, "steps between validation passes (0: only at the end)")
-    eval_steps: int = opt(200, "validation batches of global_batch_size samples per pass (capped at the split size)")
+    eval_steps: int = opt(200, "validation batches of global_batch_size samples per pass (capped at the split "
+                               "size; 0: no validation at all, not even at the end)")
     loss_chunk_tokens: int = opt(1024, "LM head + cross-entropy over this many tokens at a time (forward and "
                                        "backward), so only one chunk's float32 logits exist; equal to the whole "
                                        "loss within float32 rounding (0: the whole (tokens, vocab) logits at once)")
@@ -408,7 +409,7 @@ LEGAL = {
     "train.warmup_steps": OFF_OR_COUNT, "train.decay_steps": COUNT, "train.weight_decay": COEF,
     "train.beta1": SHARE, "train.beta2": SHARE, "train.eps": Legal(0.0, 1.0, lo_open=True),
     "train.clip_grad": Legal(0.0, 1e9), "train.seed": Legal(0, INT32), "train.log_interval": COUNT,
-    "train.eval_interval": OFF_OR_COUNT, "train.eval_steps": COUNT, "train.loss_chunk_tokens": Legal(0, 1 << 30),
+    "train.eval_interval": OFF_OR_COUNT, "train.eval_steps": OFF_OR_COUNT, "train.loss_chunk_tokens": Legal(0, 1 << 30),
     "train.anomaly.zscore": POSITIVE, "train.anomaly.window": Legal(2, 1 << 20),
     "train.anomaly.max_nonfinite": COUNT, "train.anomaly.lr_factor": Legal(0.0, 1.0, lo_open=True),
     # fp16's largest is 65504, fp32's ~3.4e38: a loss scale above 2^64 only overflows

@@ -29,7 +29,7 @@ def validate_config(cfg):
                 ("model.multiple_of", m.multiple_of),
                 ("train.global_batch_size", t.global_batch_size), ("train.micro_batch_size", t.micro_batch_size),
                 ("train.max_steps", t.max_steps), ("train.log_interval", t.log_interval),
-                ("train.eval_steps", t.eval_steps), ("precision.scale_window", p.scale_window),
+                ("precision.scale_window", p.scale_window),
                 ("parallel_config.model_parallel", cfg.parallel_config.model_parallel),
                 ("parallel_config.expert_parallel", cfg.parallel_config.expert_parallel),
                 ("parallel_config.pipeline_stage", cfg.parallel_config.pipeline_stage),
@@ -37,6 +37,10 @@ def validate_config(cfg):
     for name, v in positive:
         if v <= 0:
             raise UserError(f"{name} = {v} must be a positive integer.")
+    if cfg.data.extra_val and not t.eval_steps:
+        raise UserError(f"data.extra_val = '{cfg.data.extra_val}' is a second validation set, and train.eval_steps = 0 "
+                        f"turns validation off. Set train.eval_steps to the number of validation batches per pass "
+                        f"(e.g. 20), or data.extra_val: null.")
     bad = [x for x in (t.stop_on or []) if x not in STOP_SEVERITIES]
     if bad:
         raise UserError(f"train.stop_on = {list(t.stop_on)}: {bad[0]!r} is not a severity. List the severities of "

@@ -208,10 +208,12 @@ def build_session(resolved, rt, log, manifest, purpose, fresh_start=True):
     data = TrainBatches(cfg.data.dataset_dir, manifest, "train", micro_batch, dp, data_rank, t.seed,
                         m.seq_length, shuffle=cfg.data.shuffle, num_workers=cfg.data.num_workers)
     val = []
-    if parallel.pp == 1:
+    if not t.eval_steps:
+        log("note: no validation (train.eval_steps = 0)")
+    elif parallel.pp == 1:
         val = eval_batches(cfg.data.dataset_dir, manifest, t.micro_batch_size, t.eval_steps, dp, data_rank,
                            m.seq_length, cfg.data.num_workers, accum)
-    elif t.eval_interval or t.eval_steps:
+    else:
         log("note: no validation during training under pipeline parallelism (a forward-only pipeline is a "
             "different graph); evaluate the checkpoint with pipeline_stage: 1")
     extra = finetune.load_extra_val(ft, cfg, manifest, dp, data_rank, accum)

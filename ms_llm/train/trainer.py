@@ -250,7 +250,7 @@ def save(trun, saver, step, meter):
 
 def run_eval(trun, step, hooks):
     s = trun.session
-    if not s.val:  # no validation batches (pipeline parallelism)
+    if not s.val:  # no validation batches (train.eval_steps = 0, pipeline parallelism, a split too small)
         return None
     t0 = time.perf_counter()
     record = evaluate_session(s)  # the run's loss in evaluation mode; with data.extra_val's loss

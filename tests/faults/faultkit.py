@@ -11,6 +11,9 @@ from ms_llm.config import load_config
 
 SHAKESPEARE = os.path.join(ROOT, "configs", "shakespeare_char.yaml")
 QUIET = ("--set", "monitor.report=false", "--set", "monitor.summary=false")  # not under test here, and cost time
+# validation off, not even at the end, for runs whose assertions never read it (the evaluation graph's compile is a
+# second of each run): faultkit.train checks that such a run evaluated nothing
+NO_EVAL = ("train.eval_interval=0", "train.eval_steps=0")
 
 
 def tiny_cfg(dataset, *overrides):
@@ -25,10 +28,16 @@ def sets(*pairs):
 
 
 def train(cfg, run_dir, extra_hooks=()):
+    """Runs whose assertions never read validation turn it off (train.eval_steps=0): its graph's compile is a
+    second of each run. Such a run must then have evaluated nothing, not even at its end."""
     from ms_llm.run_hooks import hooks_for
     from ms_llm.train.trainer import run
 
-    return run(cfg, run_dir=str(run_dir), echo=lambda *a: None, hooks=hooks_for(cfg) + list(extra_hooks))
+    summary = run(cfg, run_dir=str(run_dir), echo=lambda *a: None, hooks=hooks_for(cfg) + list(extra_hooks))
+    if not cfg.train.eval_steps:
+        with open(os.path.join(str(run_dir), "metrics.jsonl"), encoding="utf-8") as f:
+            assert not any('"val_loss"' in line for line in f), "a run with train.eval_steps=0 evaluated"
+    return summary
 
 
 def resume(cfg, run_dir, extra_hooks=()):

@@ -19,7 +19,7 @@ import json
 import pytest
 
 from conftest import tiny_train_args
-from faultkit import diagnose, first_cause, tiny_cfg, train
+from faultkit import NO_EVAL, diagnose, first_cause, sets, tiny_cfg, train
 from ms_llm.cli import main
 from ms_llm.train.losses.base import cross_entropy
 
@@ -64,7 +64,7 @@ def test_b_learning_rate_too_high_is_diagnosed_as_divergence(dataset, tmp_path):
     # loss is above ln V by step 10, the end of the warmup (5.1 > 4.2), so 30 steps logged every 5 show it
     quickstart_size = ["--set", "model.num_layers=4", "--set", "model.hidden_size=128", "--set", "model.num_heads=4"]
     train(tiny_cfg(dataset, *quickstart_size, "--set", "train.lr=0.1", "--set", "train.max_steps=30",
-                   "--set", "train.warmup_steps=10", "--set", "train.log_interval=5", "--set", "train.eval_interval=0"),
+                   "--set", "train.warmup_steps=10", "--set", "train.log_interval=5", *sets(*NO_EVAL)),
           tmp_path / "run")
     f = first_cause(diagnose(tmp_path / "run"), "divergence", "learning rate", "too high")
     assert any("--set train.lr=" in a for a in f.actions), f.actions
@@ -154,7 +154,7 @@ def test_f_slow_data_pipeline_is_diagnosed(dataset, tmp_path, monkeypatch):
         return original(self)
 
     monkeypatch.setattr(loader.TrainBatches, "__next__", slow)
-    train(tiny_cfg(dataset, "--set", "train.max_steps=60", "--set", "train.eval_interval=0"), tmp_path / "run")
+    train(tiny_cfg(dataset, "--set", "train.max_steps=60", *sets(*NO_EVAL)), tmp_path / "run")
     f = first_cause(diagnose(tmp_path / "run"), "data_wait", "reader threads")
     assert "waiting for data" in f.symptom and any("data.num_workers" in a for a in f.actions)
 

@@ -22,7 +22,7 @@ import shlex
 import pytest
 
 from conftest import ROOT, SHAKESPEARE
-from faultkit import alarms, diagnose, finding_text, first_cause, sets, tiny_cfg, train
+from faultkit import NO_EVAL, alarms, diagnose, finding_text, first_cause, sets, tiny_cfg, train
 from ms_llm.cli import main
 from ms_llm.data.overlap import LEAK_WARN, SHIFT_WARN
 
@@ -47,7 +47,7 @@ def headline(findings):
 
 def test_u_a_start_far_above_ln_v_is_the_init_not_the_learning_rate(dataset, tmp_path):
     run = tmp_path / "init"
-    train(tiny_cfg(dataset, *sets("model.init_std=1.0", "train.max_steps=60", "train.eval_interval=0")), run)
+    train(tiny_cfg(dataset, *sets("model.init_std=1.0", "train.max_steps=60", *NO_EVAL)), run)
     first = json.loads(open(run / "metrics.jsonl").readline())
     assert first["initial_loss"] > 1.5 * 4.1  # recorded before any update
     found = shown(run)

@@ -17,7 +17,7 @@ import os
 import pytest
 
 from conftest import tiny_train_args, train_ok
-from faultkit import alarms, busy_process, diagnose, finding_text, sets, tiny_cfg, train
+from faultkit import NO_EVAL, alarms, busy_process, diagnose, finding_text, sets, tiny_cfg, train
 from ms_llm.cli import main
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial]
@@ -65,7 +65,7 @@ def test_ca_measure_names_the_faster_micro_batch_with_every_setting_measured(dat
     # benchmarks.
     run = tmp_path / "run"
     train_ok(*tiny_train_args(dataset, run, *sets("train.micro_batch_size=4", "train.max_steps=60",
-                                                  "train.eval_interval=0", f"context.num_threads={os.cpu_count()}")))
+                                                  *NO_EVAL, f"context.num_threads={os.cpu_count()}")))
     assert main(["diagnose", str(run), "--measure", "--measure-steps", "30"]) == 1
     out = capsys.readouterr().out
     progress = [l for l in out.splitlines() if l.startswith("measure [")]
@@ -94,7 +94,7 @@ def test_ea_a_clean_run_beside_a_busy_process_raises_no_warning(dataset, tmp_pat
 
 def test_eb_a_fault_beside_a_busy_process_is_named_before_the_throughput(dataset, tmp_path):
     with busy_during_steps() as busy:
-        train(tiny_cfg(dataset, *sets("train.lr=1.0", "train.max_steps=100", "train.eval_interval=0",
+        train(tiny_cfg(dataset, *sets("train.lr=1.0", "train.max_steps=100", *NO_EVAL,
                                       "monitor.telemetry_interval_s=2")), tmp_path / "run", [busy])
     found = diagnose(tmp_path / "run")
     # the setting that explains the divergence first, the divergence it explains next

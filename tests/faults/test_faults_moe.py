@@ -24,7 +24,7 @@ import json
 
 import pytest
 
-from faultkit import alarms, diagnose, finding_text, first_cause, sets, tiny_cfg, train
+from faultkit import NO_EVAL, alarms, diagnose, finding_text, first_cause, sets, tiny_cfg, train
 
 MOE = sets("model.arch=llama", "model.ffn_hidden_size=64", "model.moe={num_experts: 8, top_k: 2}")
 
@@ -82,8 +82,8 @@ def test_the_report_shows_expert_load_heat_maps_and_the_aux_loss(healthy):
      ("aux_loss_coef = 100 is too large",), "--set model.moe.aux_loss_coef=0.01"),
 ])
 def test_moe_faults_are_named_first(dataset, tmp_path, name, steps, overrides, fid, words, fix):
-    # no evaluation between the steps (the MoE rules read the training records only; the run's end still evaluates)
-    train(tiny_cfg(dataset, *MOE, *sets("model.num_layers=1", f"train.max_steps={steps}", "train.eval_interval=0",
+    # no evaluation at all (the MoE rules read the training records only)
+    train(tiny_cfg(dataset, *MOE, *sets("model.num_layers=1", f"train.max_steps={steps}", *NO_EVAL,
                                         *overrides)), tmp_path / name)
     found = diagnose(tmp_path / name)
     print(f"{name}: first alarm {alarms(found)[0].id if alarms(found) else None}: {alarms(found)[0].symptom}; cause 1: "

@@ -15,7 +15,7 @@ import json
 
 import pytest
 
-from faultkit import alarms, diagnose, finding, finding_text, sets, tiny_cfg, train
+from faultkit import NO_EVAL, alarms, diagnose, finding, finding_text, sets, tiny_cfg, train
 
 pytestmark = pytest.mark.slow  # every fault here is injected into a training run
 
@@ -27,7 +27,7 @@ def headline(found):
 
 
 def test_aa_a_vocabulary_far_larger_than_the_data_is_named_from_the_start_and_the_head(dataset, tmp_path):
-    train(tiny_cfg(dataset, *sets("model.vocab_size=4096", "train.max_steps=40", "train.eval_interval=0")),
+    train(tiny_cfg(dataset, *sets("model.vocab_size=4096", "train.max_steps=40", *NO_EVAL)),
           tmp_path / "run")
     found = diagnose(tmp_path / "run")
     f = headline(found)
@@ -51,7 +51,7 @@ def test_ab_a_learning_rate_100x_the_recipes_is_named_first(dataset, tmp_path):
 
 def test_ac_no_warmup_at_a_high_learning_rate_is_named_in_the_divergence(dataset, tmp_path):
     train(tiny_cfg(dataset, *sets("train.lr=0.3", "train.warmup_steps=0", "train.max_steps=60",
-                                  "train.eval_interval=0")), tmp_path / "run")
+                                  *NO_EVAL)), tmp_path / "run")
     found = diagnose(tmp_path / "run")
     # the combination first, then the divergence it explains, led by it
     assert [f.id for f in alarms(found)][:2] == ["config_warmup_none", "divergence"], finding_text(found)
@@ -60,7 +60,7 @@ def test_ac_no_warmup_at_a_high_learning_rate_is_named_in_the_divergence(dataset
 
 
 def test_ad_a_context_shorter_than_the_samples_is_named(dataset, tmp_path):
-    train(tiny_cfg(dataset, *sets("model.seq_length=8", "train.max_steps=40", "train.eval_interval=0")),
+    train(tiny_cfg(dataset, *sets("model.seq_length=8", "train.max_steps=40", *NO_EVAL)),
           tmp_path / "run")
     found = diagnose(tmp_path / "run")
     f = headline(found)
@@ -80,7 +80,7 @@ def test_ae_dropout_09_validated_every_100_steps_is_named_first_not_the_split(da
 
 
 def test_af_statistics_every_step_raise_no_explosion_on_a_healthy_run(dataset, tmp_path):
-    train(tiny_cfg(dataset, *sets("monitor.tensor_stats.every=1", "train.max_steps=120", "train.eval_interval=0")),
+    train(tiny_cfg(dataset, *sets("monitor.tensor_stats.every=1", "train.max_steps=120", *NO_EVAL)),
           tmp_path / "run")
     found = diagnose(tmp_path / "run")
     # what every-step statistics cost is a true finding (wall_time); an explosion is not

@@ -9,7 +9,7 @@ import traceback
 
 import pytest
 
-from faultkit import diagnose, first_cause, sets, tiny_cfg, train
+from faultkit import NO_EVAL, diagnose, first_cause, sets, tiny_cfg, train
 
 pytestmark = pytest.mark.slow  # every fault here is injected into a training run
 
@@ -96,7 +96,7 @@ def test_r_a_leaking_hook_shows_as_growing_memory(dataset, tmp_path):
         def after_step(self, run, step, out, batches):
             self.kept.append(np.ones(1 << 19))  # 4 MiB: well past 10% of the process (an xdist worker holds GiBs)
 
-    train(tiny_cfg(dataset, *sets("train.max_steps=150", "train.eval_interval=0")), tmp_path / "run", [Leak()])
+    train(tiny_cfg(dataset, *sets("train.max_steps=150", *NO_EVAL)), tmp_path / "run", [Leak()])
     f = first_cause(diagnose(tmp_path / "run"), "memory_growth", "a leak", confidence="high")
     growth = float(f.symptom.split("+")[1].split(" MiB")[0])
     assert 300 < growth < 800, f.symptom  # 4 MiB x the ~130 steps between the first and last steady records
