@@ -140,7 +140,7 @@ def test_workers_and_shard_boundaries_do_not_change_the_output(tmp_path, monkeyp
 
 
 def test_memory_held_while_preprocessing_does_not_grow_with_the_input(tmp_path):
-    """The two things whose size could follow the corpus (issue 22, item 4; the peak RSS itself is measured by
+    """The two things whose size could follow the corpus (the peak RSS itself is measured by
     benchmarks/preprocess_throughput.py): the worker pool reads at most `window` chunks ahead of what it has
     handed back, and a shard's in-memory MindRecord index (~1.4 KB a row) is built when its split is closed,
     after the workers have stopped, not when the shard fills while they still run."""
@@ -176,7 +176,7 @@ def test_memory_held_while_preprocessing_does_not_grow_with_the_input(tmp_path):
 @pytest.mark.parametrize("kind", ["hashed", "tail"])
 def test_the_overlap_sketch_is_let_go_before_the_indexes_are_built(tmp_path, monkeypatch, kind):
     """Closing a split builds its shards' MindRecord indexes in memory (~1.4 KB a row, 90 MB for a full shard); the
-    overlap entry is measured first and the sketch freed, so its buffers do not lie under that peak (issue 33)."""
+    overlap entry is measured first and the sketch freed, so its buffers do not lie under that peak."""
     import gc
     import weakref
 

@@ -536,7 +536,7 @@ def test_validation_rising_while_training_falls_is_overfitting(tmp_path):
     assert "memorises the training set" in f.causes[0] and f.confidence == "high"
     assert "--set train.max_steps=1000 (where validation was best)" in " ".join(f.actions)
     assert "--set model.dropout=0.1" in f.actions
-    # less than one epoch: memorising cannot be the cause, and overfitting is not the headline (issue 23): the
+    # less than one epoch: memorising cannot be the cause, and overfitting is not the headline: the
     # training loss of batches seen once is a held-out loss, so validation parting from it is another distribution
     early = write_run(tmp_path / "early", overfit_curve(), samples=10 ** 6)
     assert "overfitting" not in ids(early)

@@ -1,4 +1,4 @@
-"""`ms-llm diagnose` reads the configuration and the run's history, not only the curves (issue 35): settings judged
+"""`ms-llm diagnose` reads the configuration and the run's history, not only the curves: settings judged
 against published recipes (ms_llm/diagnose/recipes.py) and against what the data supports, tied to what they did
 in the curves; the keys a resume changed; one recovered record that is not an explosion; throughput under host
 contention; the measured what-if (--measure). Synthetic run directories (the files a training run leaves), so each

@@ -1,4 +1,4 @@
-"""What the validation split says (issue 23, 2 and 3), on synthetic runs: a validation loss that never gets below
+"""What the validation split says, on synthetic runs: a validation loss that never gets below
 the validation split's unigram entropy is too much regularisation (or too small a model, or a frozen part), never
 health; validation unlike the training data is a distribution shift, not overfitting; validation holding near-copies
 of training text is leakage, whatever the curves look like."""

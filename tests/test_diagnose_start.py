@@ -1,4 +1,4 @@
-"""The loss before any update (issue 23, 1): the trainer records the first step's loss as `initial_loss`, and a
+"""The loss before any update: the trainer records the first step's loss as `initial_loss`, and a
 start far from ln(vocab) is named as the start (initialisation or output scale), not blamed on the optimizer. One
 judgement, shared by `ms-llm diagnose` and `ms-llm debug overfit` (ms_llm.rundir.start)."""
 import math

@@ -1,5 +1,5 @@
 """Fine-tuning data: chat templates rendered as transformers renders them, loss masks on the assistant's tokens only,
-packing without splitting a conversation, the manifest and the reader's extra columns, bad input (issue 29)."""
+packing without splitting a conversation, the manifest and the reader's extra columns, bad input."""
 import json
 import os
 

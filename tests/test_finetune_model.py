@@ -1,6 +1,6 @@
 """Fine-tuning in the model and the step, in-process and fast (PyNative: nothing to compile): packed conversations
 do not see each other, the masked loss is the token-weighted mean of the whole step, LoRA starts as the base model,
-trains its adapters only and merges back exactly (issue 29)."""
+trains its adapters only and merges back exactly."""
 import numpy as np
 import pytest
 import mindspore as ms

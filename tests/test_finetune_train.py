@@ -1,6 +1,6 @@
 """Fine-tuning end to end (slow: converts, trains, launches msrun): a random Qwen2.5-shaped model from transformers,
 converted, fine-tuned on chat data made from the bundled text, fully and with LoRA; the LoRA checkpoint merged and
-converted back to Hugging Face; the masked loss over 2 ranks under msrun (issue 29).
+converted back to Hugging Face; the masked loss over 2 ranks under msrun.
 
 The runs are shared by the module's tests, trained once per session (conftest.build_once: under xdist the worker that
 asks first trains them) in-process through `ms-llm`'s main, but for the LoRA run: a process with a compile cache of

@@ -74,7 +74,7 @@ def test_a_near_copy_is_found_and_memory_stays_bounded_however_long_the_stream()
 
 
 class CopyingSketch(SplitOverlap):
-    """The sketch as it was before issue 33 (pending pieces in a list; compaction by concatenation and np.unique, each
+    """The sketch as it was before its rewrite (pending pieces in a list; compaction by concatenation and np.unique, each
     step a copy): the reference the in-place one must equal, hash for hash."""
 
     def __init__(self, k, capacity=overlap.CAPACITY):
@@ -159,7 +159,7 @@ def test_in_place_deduplication_equals_np_unique(block):
 def test_compaction_works_in_place_in_one_block_of_memory():
     """The sketch's buffer is allocated once, and compacting it (sort, deduplicate, halve) allocates a few blocks of
     DEDUP_BLOCK hashes, less than one copy of what it holds: the copying sketch allocated three times what it held
-    (issue 33: its peak rose with the corpus until both splits had been compacted a few times)."""
+    (its peak rose with the corpus until both splits had been compacted a few times)."""
     import tracemalloc
 
     capacity = 1 << 19

@@ -1,4 +1,4 @@
-"""Preference optimisation (issue 37): `preprocess --format preference`, the DPO / IPO / SimPO loss
+"""Preference optimisation: `preprocess --format preference`, the DPO / IPO / SimPO loss
 (ms_llm/train/losses/preference.py) against TRL, the reference log-probs, and diagnose's preference rules.
 
 Parity: a random Qwen2.5-shaped model from transformers (benchmarks/finetune_shakespeare.write_random_qwen2),

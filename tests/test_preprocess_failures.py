@@ -1,4 +1,4 @@
-"""A preprocessing run that fails ends the same way whatever the cause (issue 22, items 5 and 6): one paragraph
+"""A preprocessing run that fails ends the same way whatever the cause: one paragraph
 on stderr, exit code 2, within seconds, and no partial dataset (no output folder, no temporary folder, no
 manifest), no worker process and no thread left behind.
 

@@ -1,4 +1,4 @@
-"""Every config key does something: a setting that is accepted and silently ignored is a defect (issue 16).
+"""Every config key does something: a setting that is accepted and silently ignored is a defect.
 
 A key counts as read only where the code follows the config to it: `cfg.train.lr`, `s.cfg.checkpoint.format`,
 a name or `self.` attribute bound to a section (`t = cfg.train; t.lr`, `self.cfg = ckpt_cfg; self.cfg.format`,

@@ -1,4 +1,4 @@
-"""Where the wall time went (issue 23, 4): the accounting of ms_llm.rundir.walltime from what the trainer measured,
+"""Where the wall time went: the accounting of ms_llm.rundir.walltime from what the trainer measured,
 `ms-llm diagnose` naming a phase that takes a large share (with its key) and a run slower than a benchmark of its
 config on this machine, the stacked bar of the report and the column of `ms-llm runs`. Synthetic runs."""
 import json

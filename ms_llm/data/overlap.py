@@ -90,7 +90,7 @@ class SplitOverlap:
     (at most 2 x CAPACITY + SLICE hashes, 24 MiB, of which only the part ever written is resident: 2 x CAPACITY plus
     one chunk's in practice) whatever the corpus size; before it was fixed, the kept array, the pending pieces, their
     concatenation, np.unique's sorted copy and its result were alive at once (76 MiB at the peak), and the peak
-    rose with the corpus until both splits had been compacted a few times (issue 33)."""
+    rose with the corpus until both splits had been compacted a few times."""
 
     def __init__(self, k, capacity=CAPACITY):
         self.k, self.capacity = int(k), int(capacity)

@@ -1,4 +1,4 @@
-"""Faults that the earlier suite could not name (issue 23), injected through config values or data only, each
+"""Faults that the earlier suite could not name, injected through config values or data only, each
 named first by `ms-llm diagnose`:
 
     (u) model.init_std = 1.0            → the loss before any update is far above ln V: the start, not the LR

@@ -1,4 +1,4 @@
-"""What changed between the segments of a resumed run (issue 35): one run stopped at step 100, resumed (a copy
+"""What changed between the segments of a resumed run: one run stopped at step 100, resumed (a copy
 each) with one key changed, and `ms-llm diagnose` names the change first where the curve changes at step 100:
 
     (ba) train.lr 1e-3 → 5e-2 at the resume   → the loss jumps at 110: the change, not bad batches

@@ -1,4 +1,4 @@
-"""Throughput: what the host and the settings leave on the table (issue 35).
+"""Throughput: what the host and the settings leave on the table.
 
     (ca) micro-batch 4 x accumulation 2       → `diagnose --measure` runs the short comparisons itself and names
                                                  fewer, larger micro-batches, with every setting's tokens/s

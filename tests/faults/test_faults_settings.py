@@ -1,4 +1,4 @@
-"""Faults an engineer sees in the config before looking at a curve (issue 35), each injected through one config
+"""Faults an engineer sees in the config before looking at a curve, each injected through one config
 value into a short run of the tiny model and named first by `ms-llm diagnose`, with the reference it is judged
 against; and the diagnosis while the run runs:
 
