@@ -16,8 +16,12 @@ from conftest import ROOT, build_once, empty_cache, flock, ms_llm, tiny_train_ar
 
 # Live diagnosis off: a host-only key (tests/test_compile_cache_key.py), it reads the logged metrics and never the
 # graph, and its rule tables cost about a second of every run here.
-STEPS = ["--set", "train.max_steps=6", "--set", "train.log_interval=1", "--set", "train.eval_interval=3",
-         "--set", "train.warmup_steps=2", "--set", "monitor.diagnose=false"]
+# No validation (train.eval_steps=0): the evaluation graph is never cached, and its compile is a second of each of
+# the ~25 runs here; what a reused step computed is in every logged number and the parameter digest. The dropout
+# option evaluates every 3 steps (EVAL_EVERY_3): evaluation switches dropout off and back on between cached steps.
+STEPS = ["--set", "train.max_steps=6", "--set", "train.log_interval=1", "--set", "train.eval_interval=0",
+         "--set", "train.eval_steps=0", "--set", "train.warmup_steps=2", "--set", "monitor.diagnose=false"]
+EVAL_EVERY_3 = ["--set", "train.eval_interval=3", "--set", "train.eval_steps=4"]
 
 
 def metrics(run_dir):
@@ -56,7 +60,7 @@ def test_accumulation_three_reuses_exactly(dataset, tmp_path, cache):
 # keyed on the micro-batch, and the loss scale). (Accumulation 3: the reuse test above.)
 OPTIONS = {"tensor_stats": ["--set", "monitor.tensor_stats={every: 2}"], "lr": ["--set", "train.lr=2e-3"],
            "dropout": ["--set", "model.dropout=0.1", "--set", "train.micro_batch_size=4",
-                       "--set", "precision.compute_dtype=float16"]}
+                       "--set", "precision.compute_dtype=float16", *EVAL_EVERY_3]}
 # MindSpore's own compile cache switch, exported the way its docs suggest: the lr option's cold run trains under it
 # (test_an_exported_mindspore_compile_cache_switch_caches_nothing_under_mindspores_own_key)
 MINDSPORE_SWITCH = {"MS_COMPILER_CACHE_ENABLE": "1"}
@@ -98,6 +102,7 @@ def test_reused_graph_trains_exactly_like_a_fresh_compile(order_runs):
     (test_the_plain_run_after_an_option_trains_like_its_cold_compile[tensor_stats])."""
     fresh, reused = order_runs["dropout"], order_runs["dropout-again"]
     assert "compile cache: filling" in fresh["out"] and "compile cache: reusing" in reused["out"]
+    assert [step for step, m in reused["metrics"] if "val_loss" in m] == [3, 6]  # evaluated between cached steps
     assert "warning" not in reused["out"]
     assert reused["metrics"] == fresh["metrics"] and reused["digest"] == fresh["digest"]  # every step, to the bit
 
