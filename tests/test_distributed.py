@@ -66,7 +66,7 @@ def test_the_readme_msrun_example_runs_as_written(tmp_path, cache):
     cmd[at["--master_port"]] = f"--master_port={free_port()}"
     cmd[at["--log_dir"]] = f"--log_dir={tmp_path / 'logs'}"
     cmd[cmd.index("--run-dir") + 1] = str(tmp_path / "q2p")
-    cmd += ["--set", "train.max_steps=20", "--set", "train.eval_interval=0", "--set", "train.eval_steps=5",
+    cmd += ["--set", "train.max_steps=20", "--set", "train.eval_interval=0", "--set", "train.eval_steps=0",
             "--set", "train.log_interval=10"]
     env = dict(os.environ, GLOG_v="3", PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"],
                **cache)

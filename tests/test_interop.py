@@ -159,7 +159,7 @@ def test_converted_config_trains_20_steps_on_an_adopted_mindformers_mindrecord(t
               "model.num_layers=1", "model.hidden_size=32", "model.num_heads=4", "model.ffn_hidden_size=64",
               "model.seq_length=32", "model.vocab_size=null", "train.global_batch_size=4",
               "train.micro_batch_size=4", "train.max_steps=20", "train.warmup_steps=2", "train.lr=3e-3",
-              "train.eval_steps=2", "train.log_interval=1", "precision.compute_dtype=float32", "context.compile_cache=false",
+              "train.eval_steps=0", "train.log_interval=1", "precision.compute_dtype=float32", "context.compile_cache=false",
               "monitor.progress_bar=false", "monitor.summary=false"]
     code, stdout, err = cli("train", "--config", out, "--run-dir", str(tmp_path / "run"),
                             *[a for o in shrink for a in ("--set", o)])

@@ -152,7 +152,7 @@ HF_MOE = {  # the two MoE families `ms-llm convert --from-hf` reads, tiny (trans
 }
 # no evaluation: no assertion reads a validation loss, and its graph would be compiled for each run
 RUN = ["model.seq_length=128", "train.global_batch_size=4", "train.micro_batch_size=2", "train.lr=3e-3",
-       "train.warmup_steps=2", "train.log_interval=1", "train.eval_interval=0", "train.eval_steps=1",
+       "train.warmup_steps=2", "train.log_interval=1", "train.eval_interval=0", "train.eval_steps=0",
        "train.weight_decay=0.0", "monitor.progress_bar=false", "monitor.summary=false", "monitor.report=false",
        "monitor.telemetry_interval_s=null", "context.compile_cache=false"]
 
