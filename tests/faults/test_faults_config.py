@@ -5,15 +5,15 @@
     (p) a weight decay of 30                 → a stalled loss, the weight decay first
     (q) Adam's eps = 0.1                     → slow progress, eps first (its size against the RMS gradient)
 
-Each runs 200 steps of the tiny model; ms-llm diagnose judges the curve against the data's unigram entropy.
+Each runs 200 steps of the tiny model, without validation; ms-llm diagnose judges the curve against the data's unigram entropy.
 """
 import pytest
 
-from faultkit import alarms, diagnose, finding, first_cause, sets, tiny_cfg, train
+from faultkit import NO_EVAL, alarms, diagnose, finding, first_cause, sets, tiny_cfg, train
 
 pytestmark = pytest.mark.slow  # every fault here is injected into a training run
 
-RUN = sets("train.max_steps=200", "train.eval_interval=100")
+RUN = sets("train.max_steps=200", *NO_EVAL)  # no validation: every rule here reads the training curve
 
 
 @pytest.mark.parametrize("name, overrides, symptom, words, fix", [

@@ -10,11 +10,11 @@ import shutil
 
 import pytest
 
-from faultkit import alarms, diagnose, finding, finding_text, resume, sets, tiny_cfg, train
+from faultkit import NO_EVAL, alarms, diagnose, finding, finding_text, resume, sets, tiny_cfg, train
 
 pytestmark = pytest.mark.slow  # every fault here is injected into a training run
 
-BASE = sets("train.max_steps=200", "train.eval_interval=100")
+BASE = sets("train.max_steps=200", *NO_EVAL)  # no validation: the rules here read the training curve
 
 
 @pytest.fixture(scope="module")

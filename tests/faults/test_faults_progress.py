@@ -10,15 +10,15 @@ siblings.
 """
 import pytest
 
-from faultkit import alarms, diagnose, first_cause, sets, tiny_cfg, train
+from faultkit import NO_EVAL, alarms, diagnose, first_cause, sets, tiny_cfg, train
 from ms_llm.train.losses.base import cross_entropy
 
 pytestmark = pytest.mark.slow  # every fault here is injected into a training run
 
 
 def test_i_learning_rate_too_low_is_named_not_clipping(dataset, tmp_path):
-    train(tiny_cfg(dataset, *sets("train.lr=1e-5", "train.min_lr=1e-6", "train.max_steps=200",
-                                  "train.eval_interval=100")), tmp_path / "run")
+    train(tiny_cfg(dataset, *sets("train.lr=1e-5", "train.min_lr=1e-6", "train.max_steps=200", *NO_EVAL)),
+          tmp_path / "run")
     found = diagnose(tmp_path / "run")
     f = first_cause(found, "slow_progress", "learning rate too low", "1e-05", confidence="high")
     assert any("unigram entropy" in e for e in f.evidence) and any("init scale" in e for e in f.evidence)
@@ -42,7 +42,7 @@ def test_k_targets_of_another_sample_stall_at_the_unigram_entropy(dataset, tmp_p
         return loss * grad_scale, loss
 
     monkeypatch.setattr(ComposedLoss, "construct", misaligned)
-    train(tiny_cfg(dataset, *sets("train.max_steps=200", "train.eval_interval=100")), tmp_path / "run")
+    train(tiny_cfg(dataset, *sets("train.max_steps=200", *NO_EVAL)), tmp_path / "run")
     found = diagnose(tmp_path / "run")
     f = first_cause(found, "loss_plateau", "ignore the context", confidence="high")
     assert "context-free level" in f.symptom
