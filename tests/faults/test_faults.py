@@ -116,7 +116,8 @@ def test_d_a_layer_multiplied_by_zero_is_flagged_vanishing(dataset, tmp_path, mo
 
     monkeypatch.setattr(gpt2, "build_gpt2", build)
     monkeypatch.setattr(mlp.GeluMLP, "construct", construct)
-    train(tiny_cfg(dataset, "--set", "train.max_steps=15", "--set", "monitor.tensor_stats.every=5"), tmp_path / "run")
+    train(tiny_cfg(dataset, "--set", "train.max_steps=15", "--set", "monitor.tensor_stats.every=5", *sets(*NO_EVAL)),
+          tmp_path / "run")
     flags = [json.loads(l) for l in open(tmp_path / "run" / "stats.jsonl") if '"flag"' in l]
     vanishing = {f["name"] for f in flags if f["flag"] == "vanishing"}
     assert vanishing and all(n.startswith("layers.1.mlp") for n in vanishing), flags
@@ -128,7 +129,7 @@ def test_d_a_layer_multiplied_by_zero_is_flagged_vanishing(dataset, tmp_path, mo
 
 def test_e_accumulation_without_dividing_the_loss_is_flagged(dataset, tmp_path, patched_loss):
     cfg = tiny_cfg(dataset, "--set", "train.max_steps=5", "--set", "train.micro_batch_size=2",
-                   "--set", "monitor.tensor_stats.every=5")
+                   "--set", "monitor.tensor_stats.every=5", *sets(*NO_EVAL))
     accum = cfg.train.global_batch_size // cfg.train.micro_batch_size  # one rank
 
     def undivided(self, grad_scale, ids):  # the step passes grad_scale = loss scale / accumulation steps
