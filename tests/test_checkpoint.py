@@ -308,6 +308,26 @@ def test_credentials_in_the_url_and_a_missing_endpoint_are_refused(monkeypatch):
         make_uploader("/some/folder", "s3")
 
 
+@pytest.mark.parametrize("keys", [[-1] + [0] * 623, [2 ** 63] + [0] * 623, [2 ** 32] + [0] * 623, ["x"] * 624],
+                         ids=["negative", "huge", "one-past-32-bit", "text"])
+def test_a_generator_state_outside_32_bits_is_one_paragraph_not_a_wrapped_restore(keys):
+    """An edited manifest's numpy generator keys: NumPy 1 wraps -1 or 2**63 into uint32 with a warning (NumPy 2
+    refuses); resume refuses both the same way, naming the manifest."""
+    import random
+
+    from ms_llm.errors import UserError
+    from ms_llm.train.setup.resume import restore_host_rng
+
+    before = np.random.get_state(), random.getstate()
+    manifest = {"rng": {"numpy": ["MT19937", keys, 0, 0, 0.0]}}
+    try:
+        with pytest.raises(UserError, match="step_00000010.json' holds a random-number state that cannot be"):
+            restore_host_rng(manifest, "/run/checkpoints/rank_0/step_00000010.ckpt")
+    finally:
+        np.random.set_state(before[0])
+        random.setstate(before[1])
+
+
 def test_the_run_seed_fixes_the_generator_state_that_checkpoints_keep():
     """MindSpore's default generator, whose state every checkpoint keeps (rng_state), follows train.seed. MindSpore
     2.7 seeds it at random on import (ms.seed() here), and set_seed leaves it alone: two runs of one config wrote

@@ -103,7 +103,10 @@ def restore_host_rng(manifest):
     rng = manifest.get("rng") or {}
     if "numpy" in rng:
         kind, keys, pos, has_gauss, cached = rng["numpy"]
-        np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+        keys = np.asarray(keys)
+        if keys.dtype.kind not in "iu" or (keys.size and (keys.min() < 0 or keys.max() > 0xFFFFFFFF)):
+            raise ValueError("the numpy generator's keys are not 32-bit unsigned integers")  # NumPy 1 would wrap them
+        np.random.set_state((kind, keys.astype(np.uint32), pos, has_gauss, cached))
     if "python" in rng:
         import ast
 
