@@ -182,36 +182,23 @@ def metrics(run_dir):
             {r["step"]: r["val_loss"] for r in records if "val_loss" in r})
 
 
-def cli(*args):
-    """`ms-llm ARGS` in this process: (exit code, stdout, stderr). The runs below check what the chunked loss
-    computes, not how a process starts: in-process they skip a Python and MindSpore start-up each."""
-    import contextlib
-    import io
-
-    from ms_llm.cli import main
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
-
-
 @pytest.fixture(scope="module")
 def trained(dataset, tmp_path_factory):
     """Each variant trained 30 steps with the chunked and with the whole-logits loss, a checkpoint every 10 steps,
-    in this process and once per session (conftest.build_once: under xdist, the worker that asks first trains them)."""
+    once per session (conftest.build_once: under xdist, the worker that asks first trains them). Processes, as a user
+    runs them: they and the resume below load their compiled steps from the session's compile cache (trained in the
+    test's own process they measured dearer on CI, where a graph is compiled again in each run)."""
     import pathlib
 
-    from conftest import build_once, tiny_train_args
+    from conftest import build_once, ms_llm, tiny_train_args
 
     def build(folder):
         runs = {}
         for name, extra in VARIANTS.items():
             for loss, flags in (("chunked", CHUNKED), ("whole", WHOLE)):
                 run = folder / f"{name}_{loss}"
-                code, out, err = cli(*tiny_train_args(dataset, run, *extra, *flags,
-                                                      "--set", "checkpoint.save_interval=10"))
-                assert code == 0, err[-3000:] + out[-2000:]
+                proc = ms_llm(*tiny_train_args(dataset, run, *extra, *flags, "--set", "checkpoint.save_interval=10"))
+                assert proc.returncode == 0, proc.stderr[-3000:]
                 runs[f"{name}/{loss}"] = str(run)
         return runs
 
@@ -241,7 +228,7 @@ def test_a_chunked_run_resumes_bit_for_bit(trained, tmp_path):
     import os
     import shutil
 
-    from conftest import copy_run
+    from conftest import copy_run, ms_llm
 
     full = trained["accumulation", "chunked"]
     run = copy_run(full, tmp_path / "run")
@@ -250,8 +237,8 @@ def test_a_chunked_run_resumes_bit_for_bit(trained, tmp_path):
         if f.startswith("step_") and int(f[5:13]) > 20:
             (shutil.rmtree if (ckpts / f).is_dir() else os.remove)(ckpts / f)
     (ckpts / "latest").write_text("step_00000020")
-    code, out, err = cli("train", "--config", run / "config.yaml", "--run-dir", run, "--resume")
-    assert code == 0 and "resuming at step 20" in out, err[-3000:]
+    resumed = ms_llm("train", "--config", str(run / "config.yaml"), "--run-dir", str(run), "--resume")
+    assert resumed.returncode == 0 and "resuming at step 20" in resumed.stdout, resumed.stderr[-3000:]
     assert metrics(run) == metrics(full)
 
 
