@@ -35,20 +35,6 @@ def cli(*args):
     return code, out.getvalue(), err.getvalue()
 
 
-@contextlib.contextmanager
-def compile_cache(env):
-    """MS_LLM_CACHE set to the compile cache of `env` (conftest.empty_cache) inside the block."""
-    old = os.environ.get("MS_LLM_CACHE")
-    os.environ["MS_LLM_CACHE"] = env["MS_LLM_CACHE"]
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop("MS_LLM_CACHE", None)
-        else:
-            os.environ["MS_LLM_CACHE"] = old
-
-
 def records(run):
     return [json.loads(line) for line in open(os.path.join(run, "metrics.jsonl"))]
 
@@ -141,7 +127,7 @@ def logged(run):
 
 
 @pytest.mark.slow
-def test_lora_dropout_reruns_and_resumes_exactly(lora_run, setup, tmp_path, cache):
+def test_lora_dropout_reruns_and_resumes_exactly(lora_run, setup, tmp_path, cache, monkeypatch):
     """LoRA's dropout masks are keyed on (seed, step, sample, site): the same run again, in this process and a
     compile cache of its own (compiled afresh), logs the same losses and validation loss up to step 10 (where
     train.stop_at_step ends it: the schedule is the run's), and a resume at accumulation 2 from the run's step-10
@@ -149,8 +135,8 @@ def test_lora_dropout_reruns_and_resumes_exactly(lora_run, setup, tmp_path, cach
     from the run's compile cache)."""
     run, _, env = lora_run
     again = tmp_path / "again"
-    with compile_cache(cache):
-        out = train(setup, again, *LORA, "train.stop_at_step=10")  # compiled afresh
+    monkeypatch.setenv("MS_LLM_CACHE", cache["MS_LLM_CACHE"])  # a cache of its own: compiled afresh
+    out = train(setup, again, *LORA, "train.stop_at_step=10")
     assert "stopped at step 10" in out, out[-2000:]
     assert len(logged(run)) > 20 and logged(again) == [r for r in logged(run) if r[0] <= 10]
     resumed = tmp_path / "resumed"
