@@ -6,6 +6,7 @@ with a diverging trial stopped early, and an LR range test."""
 import json
 import math
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -406,19 +407,31 @@ def test_sweep_interrupted_resumed_diverging_trial_stopped(dataset, tmp_path):
                             stderr=subprocess.STDOUT, text=True)
     first, second = sweep_dir / "trials" / "lr=0.001", sweep_dir / "trials" / "lr=0.01"
     # The sweep relays a signal to its trials once a second; a tiny trial runs its last 32 steps in less. So the test
-    # freezes the second trial (SIGSTOP) the moment it has a checkpoint, interrupts the sweep, waits until the
-    # sweep's SIGTERM is pending in the frozen trial, and lets it go on: the trial always sees the signal mid-run.
+    # holds the second trial frozen (SIGSTOP) from the moment it is seen, lets it run in slices of 50 ms until it has
+    # a checkpoint, interrupts the sweep, waits until the sweep's SIGTERM is pending in the frozen trial, and lets it
+    # go on: the trial always sees the signal mid-run. (Frozen only once its checkpoint was seen, and found as the
+    # first process naming its run directory, the trial of one loaded CI run never had the SIGTERM: a trial can run
+    # its last steps between the two, and its forked helpers carry its command line until they exec.)
     deadline = time.time() + 900  # a loaded machine is slow, never wrong: wait for the state the test needs
-    trial = None
-    while time.time() < deadline and proc.poll() is None:
-        trial = trial or process_running(f"--run-dir {second}")
+    trial, ckpts = None, []
+    while time.time() < deadline and proc.poll() is None and not trial:
+        trial = child_running(proc.pid, f"--run-dir {second}")
+        time.sleep(0.02)
+    if trial:
+        os.kill(trial, signal.SIGSTOP)
+    while trial and time.time() < deadline and proc.poll() is None:
         ckpts = list((second / "checkpoints" / "rank_0").glob("step_*.json"))
-        if trial and ckpts and (first / "sweep_trial.json").exists():
-            os.kill(trial, signal.SIGSTOP)
+        if ckpts and (first / "sweep_trial.json").exists():
             break
-        time.sleep(0.001 if trial else 0.02)  # once the trial runs, only its checkpoint folder is polled
+        os.kill(trial, signal.SIGCONT)
+        time.sleep(0.05)
+        os.kill(trial, signal.SIGSTOP)
     assert proc.poll() is None, "the sweep ended before its second trial wrote a checkpoint: " + proc.stdout.read()
     assert trial and ckpts, "no checkpoint of the second trial in 900 s"
+    frozen = time.time() + 10  # SIGSTOP takes effect when the kernel next schedules the trial
+    while process_state(trial) != "T" and time.time() < frozen:
+        time.sleep(0.01)
+    assert process_state(trial) == "T", "the second trial is not frozen mid-run"
     proc.send_signal(signal.SIGINT)
     relayed = time.time() + 60  # the sweep relays within its 1 s poll; a minute means it never does
     while time.time() < relayed and signal.SIGTERM not in pending_signals(trial):
@@ -446,7 +459,12 @@ def test_sweep_interrupted_resumed_diverging_trial_stopped(dataset, tmp_path):
     by_lr = {t["values"]["train.lr"]: t for t in doc["trials"]}
     bad = by_lr[3]
     assert bad["diverged"] and bad["status"] == "stopped" and bad["metric"] is None
-    assert 0 < bad["stopped_at_step"] < 40 and "diverge" in bad["stop_reason"]
+    assert 0 < bad["stopped_at_step"] < 40
+    # the reason is divergence's verdict (ms_llm/rundir/divergence.py) on the records the sweep had read: which of its
+    # symptoms depends on how far the trial ran before the sweep looked
+    assert re.fullmatch(r"training diverges from step \d+|loss rose above the uniform-prediction loss at step \d+ "
+                        r"\(overshooting updates\)|gradient norm exploding: .+|loss became NaN/Inf at step \d+",
+                        bad["stop_reason"]), bad["stop_reason"]
     assert f"stopped at step {bad['stopped_at_step']} (diverged)" in r.stdout
     assert all(by_lr[lr]["status"] == "finished" and by_lr[lr]["final_val_loss"] for lr in (1e-3, 1e-2))
     assert doc["best"]["values"]["train.lr"] in (1e-3, 1e-2) and doc["state"] == "done"
@@ -468,16 +486,26 @@ def test_sweep_interrupted_resumed_diverging_trial_stopped(dataset, tmp_path):
     assert runs.returncode == 0 and runs.stdout.count("trials/lr=") == 3, runs.stdout + runs.stderr
 
 
-def process_running(command_part):
-    """The pid of a process whose command line contains `command_part`, or None."""
+def child_running(parent, command_part):
+    """The pid of a child of `parent` whose command line contains `command_part`, or None. (A child, not any process:
+    the trial's own short-lived children, forked before they exec, carry its command line too.)"""
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
+            with open(f"/proc/{pid}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) != parent:
+                    continue
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if command_part in f.read().replace(b"\0", b" ").decode(errors="replace"):
                     return int(pid)
         except OSError:
             continue
     return None
+
+
+def process_state(pid):
+    """The state letter of process `pid` (R running, S sleeping, T stopped, Z a zombie), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def pending_signals(pid):
