@@ -3,6 +3,7 @@
 Most tests drive the planning, ranking and reading logic on synthetic run directories (no training); two run
 the real thing on the tiny model: a sweep that is interrupted in its second trial and resumed (two at a time),
 with a diverging trial stopped early, and an LR range test."""
+import contextlib
 import json
 import math
 import os
@@ -412,34 +413,42 @@ def test_sweep_interrupted_resumed_diverging_trial_stopped(dataset, tmp_path):
     # go on: the trial always sees the signal mid-run. (Frozen only once its checkpoint was seen, and found as the
     # first process naming its run directory, the trial of one loaded CI run never had the SIGTERM: a trial can run
     # its last steps between the two, and its forked helpers carry its command line until they exec.)
-    deadline = time.time() + 900  # a loaded machine is slow, never wrong: wait for the state the test needs
-    trial, ckpts = None, []
-    while time.time() < deadline and proc.poll() is None and not trial:
-        trial = child_running(proc.pid, f"--run-dir {second}")
-        time.sleep(0.02)
-    if trial:
-        os.kill(trial, signal.SIGSTOP)
-    while trial and time.time() < deadline and proc.poll() is None:
-        ckpts = list((second / "checkpoints" / "rank_0").glob("step_*.json"))
-        if ckpts and (first / "sweep_trial.json").exists():
-            break
+    trial = None
+    try:
+        deadline = time.time() + 900  # a loaded machine is slow, never wrong: wait for the state the test needs
+        ckpts = []
+        while time.time() < deadline and proc.poll() is None and not trial:
+            trial = child_running(proc.pid, f"--run-dir {second}")
+            time.sleep(0.02)
+        if trial:
+            os.kill(trial, signal.SIGSTOP)
+        while trial and time.time() < deadline and proc.poll() is None:
+            ckpts = list((second / "checkpoints" / "rank_0").glob("step_*.json"))
+            if ckpts and (first / "sweep_trial.json").exists():
+                break
+            os.kill(trial, signal.SIGCONT)
+            time.sleep(0.05)
+            os.kill(trial, signal.SIGSTOP)
+        assert proc.poll() is None, "the sweep ended before its second trial wrote a checkpoint: " + proc.stdout.read()
+        assert trial and ckpts, "no checkpoint of the second trial in 900 s"
+        frozen = time.time() + 10  # SIGSTOP takes effect when the kernel next schedules the trial
+        while process_state(trial) != "T" and time.time() < frozen:
+            time.sleep(0.01)
+        assert process_state(trial) == "T", "the second trial is not frozen mid-run"
+        proc.send_signal(signal.SIGINT)
+        relayed = time.time() + 60  # the sweep relays within its 1 s poll; a minute means it never does
+        while time.time() < relayed and signal.SIGTERM not in pending_signals(trial):
+            time.sleep(0.05)
+        relayed = signal.SIGTERM in pending_signals(trial)
         os.kill(trial, signal.SIGCONT)
-        time.sleep(0.05)
-        os.kill(trial, signal.SIGSTOP)
-    assert proc.poll() is None, "the sweep ended before its second trial wrote a checkpoint: " + proc.stdout.read()
-    assert trial and ckpts, "no checkpoint of the second trial in 900 s"
-    frozen = time.time() + 10  # SIGSTOP takes effect when the kernel next schedules the trial
-    while process_state(trial) != "T" and time.time() < frozen:
-        time.sleep(0.01)
-    assert process_state(trial) == "T", "the second trial is not frozen mid-run"
-    proc.send_signal(signal.SIGINT)
-    relayed = time.time() + 60  # the sweep relays within its 1 s poll; a minute means it never does
-    while time.time() < relayed and signal.SIGTERM not in pending_signals(trial):
-        time.sleep(0.05)
-    relayed = signal.SIGTERM in pending_signals(trial)
-    os.kill(trial, signal.SIGCONT)
-    assert relayed, "the sweep did not pass SIGINT on to its running trial as a SIGTERM within 60 s"
-    out, _ = proc.communicate(timeout=120)
+        assert relayed, "the sweep did not pass SIGINT on to its running trial as a SIGTERM within 60 s"
+        out, _ = proc.communicate(timeout=120)
+    except BaseException:  # a failed check leaves neither a frozen trial nor its sweep behind
+        for pid in (trial, proc.pid):
+            if pid:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+        raise
     assert proc.returncode == 130, out
     assert "Resume with:" in out and "--sweep-dir" in out
     assert "trial lr=0.01: interrupted at step" in out, out
