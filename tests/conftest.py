@@ -43,6 +43,7 @@ def pytest_configure(config):
         except ImportError:
             pass
     from ms_llm.data.manifest import has_manifest
+    from ms_llm.nn.cpu_kernels import build_error, library
 
     with open(os.path.join(ROOT, "data", ".tests.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -50,6 +51,10 @@ def pytest_configure(config):
             from ms_llm.data.preprocess import preprocess
 
             preprocess(SHAKESPEARE, QUICKSTART_DATA, 64, "char", 0.1, log=lambda *_: None)
+        # The fused CPU kernels, built (g++, ~2.5 CPU s) into the session's cache before any test runs: every cache a
+        # test makes (empty_cache) links to this build, where one made before the first training run built its own.
+        if worker or not getattr(config.option, "numprocesses", None):  # (xdist's controller runs no test)
+            assert library() or build_error()
 
 
 def session_dir(config):
