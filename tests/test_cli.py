@@ -155,7 +155,7 @@ def test_preprocess_command(corpus, tmp_path, capsys):
 # The compile cache through the CLI (a run fills it, a run differing in a host-only key reuses it and computes the
 # same losses, a different config fills an entry of its own, a statistics probe compiled after the step gets its own
 # graph): tests/test_compile_cache.py's order runs, test_an_option_after_the_plain_run_trains_like_its_cold_compile
-# and test_the_plain_run_after_an_option_trains_like_its_cold_compile.
+# and test_the_plain_run_after_the_options_trains_like_its_cold_compile.
 
 
 @pytest.mark.slow
