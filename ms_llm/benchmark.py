@@ -78,6 +78,7 @@ def run_benchmark(cfg, steps=50, warmup=5, echo=print):
         "ms_per_step_p10": 1e3 * float(np.percentile(times, 10)),  # the least disturbed steps (diagnose --measure)
         "ms_per_step_mean": 1e3 * float(times.mean()),
         "compile_s": compile_s,
+        "graphs": runner.graphs,  # "compiled", "filled" (into the compile cache) or "reused" (loaded from it)
         "tflops": achieved / 1e12,
         "mfu": achieved / s.peak_flops,
         "peak_tflops": s.peak_flops / 1e12,

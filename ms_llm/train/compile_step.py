@@ -26,13 +26,14 @@ def uses_compile_cache(s, wanted=True):
 
 def compile_step(s, probe, first_step, use_cache):
     """Compile the step cells of session `s` for `probe` (their inputs), then take the first step: `first_step()`,
-    which runs the compiled cells on the step's inputs. Returns that step's output."""
+    which runs the compiled cells on the step's inputs. Returns (that step's output, how the graphs came to be:
+    "compiled" with the cache off, "filled" compiled into a cache entry, "reused" loaded from one)."""
     cells = s.step_cells
     if not use_cache:
         for cell, x in zip(cells, probe):
             cell.compile(*x)
         release_freed_host_memory()
-        return first_step()
+        return first_step(), "compiled"
     entry = compile_cache.Entry(compile_cache.cache_key(s.cfg, cells, probe, s.rt.world_size, s.purpose), s.rt.rank)
     identity = compile_cache.run_identity(s.cfg, s.manifest)
     with entry.locked():
@@ -51,10 +52,10 @@ def compile_step(s, probe, first_step, use_cache):
     if not reused:
         if filled and seen is not None:
             entry.write_record(cells, identity, seen)
-        return out
+        return out, "filled" if filled else "compiled"
     diff = compile_cache.first_difference(expected, seen) if expected is not None else None
     if all_ranks_ok(s.rt, diff is None):
-        return out
+        return out, "reused"
     s.log(f"warning: the compile cache entry {entry.path} did not reproduce the first step it was filled with "
           f"({diff}); it was discarded and the step compiled afresh" if diff else
           "warning: another rank's compile cache entry did not reproduce its first step; the step was compiled "
@@ -62,7 +63,7 @@ def compile_step(s, probe, first_step, use_cache):
     entry.discard()
     compile_cache.recompile(cells, probe)
     s.load_state(s.initial_state())
-    return first_step()
+    return first_step(), "compiled"
 
 
 def check_graphs(s, entry, cells, probe):

@@ -16,6 +16,7 @@ class StepRunner:
         self.s = session
         self.compiled = False
         self.compile_s = None  # seconds the first step took: compiling or loading its graphs, checks, the step
+        self.graphs = None  # how: "compiled" (cache off), "filled" (compiled into a cache entry) or "reused"
         self.use_cache = uses_compile_cache(session, use_compile_cache)
 
     def step(self, batches=None):
@@ -25,7 +26,7 @@ class StepRunner:
         inputs = s.step_inputs(batches or s.next_batches())
         if self.compiled:
             return self.run(inputs)
-        out = compile_step(s, self.graph_inputs(inputs), lambda: self.run(inputs), self.use_cache)
+        out, self.graphs = compile_step(s, self.graph_inputs(inputs), lambda: self.run(inputs), self.use_cache)
         self.compiled, self.compile_s = True, time.perf_counter() - t0
         return out
 
@@ -46,5 +47,5 @@ class StepRunner:
         s = self.s
         for cell, x in zip(s.step_cells, self.graph_inputs(s.step_inputs(batches, count=False))):
             cell.compile(*x)
-        self.compiled = True
+        self.compiled, self.graphs = True, "compiled"
         release_freed_host_memory()

@@ -75,6 +75,8 @@ def test_ca_measure_names_the_faster_micro_batch_with_every_setting_measured(dat
     names = [r["name"] for r in doc["results"]]
     assert names[0] == "as run" and names.count("as run") == 2 and names.count("micro-batch 8 (accumulation 1)") == 2
     assert all(r.get("tokens_per_s") for r in doc["results"]), doc
+    # every measurement loaded its graphs from the compile cache (one that compiled them was taken again)
+    assert all(r["graphs"] == "reused" for r in doc["results"]), doc
     f = next(f for f in diagnose(run) if f.id == "throughput_left")
     # fewer, larger micro-batches: 8 x 1 runs one micro-batch where 4 x 2 runs two (1.7-2.3x here, loaded or not)
     assert f.severity == "warning" and "micro-batch 8 (accumulation 1)" in f.symptom, f.symptom
