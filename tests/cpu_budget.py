@@ -9,7 +9,10 @@ import collections
 import json
 import sys
 
-BUDGET_CPU_S = 1250  # the whole suite under CI's command: 1,228-1,247 CPU seconds on fresh clones, 2026-12-07 (2,232 at main@521fd25)
+# The whole suite under CI's command on a clean machine (an empty ~/.cache/ms_llm: no compiled graph to reuse):
+# 1,320-1,583 CPU seconds on fresh clones of one code on 2026-12-07, the same tests' CPU moving by up to 15% from one
+# run to the next on that VM (2,232 at main@521fd25). (1,250 had been set from runs that reused earlier runs' graphs.)
+BUDGET_CPU_S = 1450
 OVER = 1.2
 
 
