@@ -43,7 +43,7 @@ def pytest_configure(config):
         except ImportError:
             pass
     from ms_llm.data.manifest import has_manifest
-    from ms_llm.nn.cpu_kernels import build_error, library
+    from ms_llm.nn.cpu_kernels import library
 
     with open(os.path.join(ROOT, "data", ".tests.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -54,7 +54,7 @@ def pytest_configure(config):
         # The fused CPU kernels, built (g++, ~2.5 CPU s) into the session's cache before any test runs: every cache a
         # test makes (empty_cache) links to this build, where one made before the first training run built its own.
         if worker or not getattr(config.option, "numprocesses", None):  # (xdist's controller runs no test)
-            assert library() or build_error()
+            library()  # a failed build leaves the plain MindSpore path, as in a run; test_cpu_kernels reports it
 
 
 def session_dir(config):

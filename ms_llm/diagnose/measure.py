@@ -233,7 +233,8 @@ def measure(run, echo=print, steps=None, warmup=WARMUP, rounds=ROUNDS, chosen=No
         if row.get("graphs") == "filled" and first:
             # Compiled in this measurement, into the compile cache: measured again, loading its graphs from the cache
             # as the other measurements do. A step timed in the process that compiled it ran up to 30% slower here
-            # (micro-batch 8 at 0.98x in round 1, 1.36-1.41x in round 2 on three CI runs, every other setting cached).
+            # (micro-batch 8 at 0.98x in round 1 against 1.36-1.41x in round 2 on two clean CI runs, 1.18x against
+            # 1.74x in a third run, every other setting cached).
             total[0] += 1
             echo(f"measure: {name} compiled its graphs in that measurement; measuring it again from the compile cache")
             again.append({k: row.get(k) for k in ("name", "round", "tokens_per_s", "seconds")})
