@@ -111,7 +111,7 @@ def built_step(dataset, overrides, compile_graphs):
     s = open_session(cfg, echo=lambda *a: None)
     batches = s.next_batches()
     runner = StepRunner(s, use_compile_cache=False)
-    inputs = runner.graph_inputs(s.step_inputs(batches, count=False))
+    inputs = runner.graph_inputs(s.loss.inputs(batches, count=False))
     fingerprint = compile_cache.step_fingerprint(s.step_cells, inputs)
     if not compile_graphs:
         return fingerprint, None

@@ -5,8 +5,7 @@ import mindspore as ms
 
 from ms_llm.nn import cpu_kernels
 from ms_llm.nn.backend import Backend
-from ms_llm.nn.activations import GeluTanh
-from ms_llm.nn.norms import LayerNorm
+from ms_llm.nn.layers import GeluTanh, LayerNorm
 from ms_llm.train.step import scaled, squared_norm, sum_of_squares
 
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")

@@ -154,7 +154,7 @@ def test_the_decode_rotation_and_rms_norm_kernels_are_the_model_s_own():
     import mindspore as ms
 
     from ms_llm.nn import cpu_kernels
-    from ms_llm.nn.norms import RMSNorm
+    from ms_llm.nn.layers import RMSNorm
     from ms_llm.nn.rope import RotaryEmbedding
 
     if cpu_kernels.library() is None:

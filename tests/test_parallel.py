@@ -59,7 +59,7 @@ def test_linear_strategies_derived_from_the_model_go_column_then_row_and_tile_ev
     from mindspore.nn.utils import no_init_parameters
 
     from model_zoo import build_model
-    from ms_llm.nn.linear import Linear
+    from ms_llm.nn.layers import Linear
 
     c = cfg(*overrides, base=base)
     plan = build_plan(c, devices)

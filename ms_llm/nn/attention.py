@@ -12,8 +12,8 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from ms_llm.nn.backend import PORTABLE
-from ms_llm.nn.linear import Linear
-from ms_llm.nn.norms import RMSNorm
+from ms_llm.nn.layers import Linear
+from ms_llm.nn.layers import RMSNorm
 from ms_llm.nn.rope import RotaryEmbedding
 from ms_llm.nn.dropout import dropout_site
 

@@ -31,7 +31,7 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 
 from ms_llm.nn.attention import MASKED
-from ms_llm.nn.norms import RMSNorm
+from ms_llm.nn.layers import RMSNorm
 
 
 def _embed(model, ids, positions):

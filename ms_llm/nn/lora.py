@@ -25,7 +25,7 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 
 from ms_llm.config.schema import LORA_TARGETS as TARGETS  # noqa: F401 (the config's names for the projections)
-from ms_llm.nn.linear import Linear
+from ms_llm.nn.layers import Linear
 from ms_llm.nn.dropout import bind_dropout, dropout_site
 ADAPTER_SUFFIXES = (".lora_a", ".lora_b")
 

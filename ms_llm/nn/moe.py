@@ -47,8 +47,8 @@ import mindspore as ms
 from mindspore import nn, ops
 
 from ms_llm.nn.init import normal, zeros
-from ms_llm.nn.linear import Linear
-from ms_llm.nn.mlp import SiluGate, SwiGLU
+from ms_llm.nn.layers import Linear
+from ms_llm.nn.layers import SiluGate, SwiGLU
 
 # Columns of the per-layer router statistics: expert token counts (E of them), then these. Each forward adds one row
 # per layer: its load-balancing loss, z-loss, dropped (token, expert) assignments, assignments (tokens x top_k), 1.

@@ -83,11 +83,6 @@ class Session:
                 raise UserError(f"micro-batch {i} of the next step: {problem}")
         return batches
 
-    def step_inputs(self, batches, count=True):
-        """The step cells' arguments for each micro-batch, as the run's loss takes them (`count`: add the batches to
-        the loss's logged token counts)."""
-        return self.loss.inputs(batches, count)
-
     def checkpoint_parameters(self):
         """{name: Parameter} of what a checkpoint holds, under the parameters' own names ("layers.0.attention.qkv.weight",
         "adam_m.<same>", "loss_scale", ...): every parameter of the step but the buffers that are zero at every step

@@ -23,7 +23,7 @@ class StepRunner:
         """One optimizer step on the next micro-batches (or on `batches`)."""
         s = self.s
         t0 = time.perf_counter()
-        inputs = s.step_inputs(batches or s.next_batches())
+        inputs = s.loss.inputs(batches or s.next_batches())  # the step cells' arguments, per micro-batch
         if self.compiled:
             return self.run(inputs)
         out, self.graphs = compile_step(s, self.graph_inputs(inputs), lambda: self.run(inputs), self.use_cache)
@@ -45,7 +45,7 @@ class StepRunner:
         """Compile the step's graphs for these micro-batches without running them, cache off (`ms-llm benchmark
         --memory` measures the compile apart); the next step takes them as usual."""
         s = self.s
-        for cell, x in zip(s.step_cells, self.graph_inputs(s.step_inputs(batches, count=False))):
+        for cell, x in zip(s.step_cells, self.graph_inputs(s.loss.inputs(batches, count=False))):
             cell.compile(*x)
         self.compiled, self.graphs = True, "compiled"
         release_freed_host_memory()

@@ -97,7 +97,7 @@ def test_c_targets_shifted_twice_fail_the_overfit_check(dataset, patched_loss):
 
 
 def test_d_a_layer_multiplied_by_zero_is_flagged_vanishing(dataset, tmp_path, monkeypatch):
-    from ms_llm.nn import mlp
+    from ms_llm.nn import layers
     import model_zoo.gpt2.model as gpt2
 
     original = gpt2.build_gpt2
@@ -115,7 +115,7 @@ def test_d_a_layer_multiplied_by_zero_is_flagged_vanishing(dataset, tmp_path, mo
         return self.dropout(self.down(self.act(self.up(x)))) * self.fault_scale
 
     monkeypatch.setattr(gpt2, "build_gpt2", build)
-    monkeypatch.setattr(mlp.GeluMLP, "construct", construct)
+    monkeypatch.setattr(layers.GeluMLP, "construct", construct)
     train(tiny_cfg(dataset, "--set", "train.max_steps=15", "--set", "monitor.tensor_stats.every=5", *sets(*NO_EVAL)),
           tmp_path / "run")
     flags = [json.loads(l) for l in open(tmp_path / "run" / "stats.jsonl") if '"flag"' in l]

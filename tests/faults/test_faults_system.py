@@ -19,7 +19,7 @@ def test_l_a_dead_relu_layer_is_a_dead_branch(dataset, tmp_path, monkeypatch):
     from mindspore import ops
 
     import model_zoo.gpt2.model as gpt2
-    from ms_llm.nn import mlp
+    from ms_llm.nn import layers
 
     original = gpt2.build_gpt2
 
@@ -35,7 +35,7 @@ def test_l_a_dead_relu_layer_is_a_dead_branch(dataset, tmp_path, monkeypatch):
         return self.dropout(self.down(self.act(h) * (1.0 - self.dead) + ops.relu(h - 10.0) * self.dead))
 
     monkeypatch.setattr(gpt2, "build_gpt2", build)
-    monkeypatch.setattr(mlp.GeluMLP, "construct", construct)
+    monkeypatch.setattr(layers.GeluMLP, "construct", construct)
     train(tiny_cfg(dataset, *sets("train.max_steps=15", "monitor.tensor_stats.every=5")), tmp_path / "run")
     f = first_cause(diagnose(tmp_path / "run"), "stats_vanishing", "dead branch in layers.1.mlp", "dead relu",
                     confidence="high")

@@ -69,7 +69,7 @@ class ComposedLoss(Loss):
         """(what the objective reads: logits, or (final hidden states, head weight); router aux loss; router
         statistics (a tuple of rows; empty without a router term))."""
         x = ids[:, :-1]
-        segments = self.objective.segments(columns)
+        segments = self.objective.segments(columns) if self.has_columns else None  # plain text: one sequence a row
         if self.routed:
             states, router_aux, router_stats = self.model.forward_layers(x, segments)
             if self.objective.reads_hidden:
