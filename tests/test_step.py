@@ -233,3 +233,41 @@ def test_anomaly_guard_skips_a_spiking_update_without_touching_the_weights():
     assert int(code.asnumpy()) == 2
     assert all(np.array_equal(before[k], v) for k, v in params(model).items())
     assert int(step(ms.Tensor(constant))[2].asnumpy()) == 0  # the next ordinary step goes through
+
+
+@pytest.mark.slow  # two steps op by op, and the data pipeline: 2-3 s
+def test_a_plain_gpt2_step_runs_in_at_most_nine_of_the_packages_files(dataset, pynative):
+    """A reader follows a step through few files (the model in transformer.py, attention.py and layers.py; the step,
+    its optimizer, its loss): counted as the files whose Python runs during one step after the first, in PyNative,
+    where the graph's Python runs as Python."""
+    import os
+    import sys
+
+    import ms_llm
+    from ms_llm.train.session import open_session
+    from ms_llm.train.step_runner import StepRunner
+
+    cfg = load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "shakespeare_char.yaml"),
+                      [f"data.dataset_dir={dataset}", "data.source=null", "context.mode=pynative",
+                       "model.num_layers=1", "model.hidden_size=16", "model.num_heads=2", "model.seq_length=32",
+                       "train.global_batch_size=2", "train.micro_batch_size=2"])
+    s = open_session(cfg, echo=lambda *a: None)
+    runner = StepRunner(s, use_compile_cache=False)
+    runner.step()
+    package = os.path.dirname(os.path.dirname(ms_llm.__file__))
+    files = set()
+
+    def seen(frame, event, arg):
+        name = frame.f_code.co_filename
+        if name.startswith(package) and ("ms_llm" in name or "model_zoo" in name):
+            files.add(os.path.relpath(name, package))
+
+    batches = s.next_batches()  # the data, read before the step (the trainer's loop reads it apart too)
+    sys.setprofile(seen)
+    try:
+        out = runner.step(batches)
+    finally:
+        sys.setprofile(None)
+    assert np.isfinite(float(out.loss.asnumpy()))
+    assert "ms_llm/nn/transformer.py" in files and "ms_llm/train/step.py" in files, files  # the trace saw the step
+    assert len(files) <= 9, sorted(files)
