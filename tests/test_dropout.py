@@ -66,3 +66,54 @@ def test_the_step_keys_every_micro_batch_and_every_step(dataset):
     # without dropout, the accumulating graph alone (the update's graph is not compiled: no step is taken first)
     _, plain_first, plain_second = accumulated(["model.dropout=0.0"], step_first=False)
     assert plain_first == plain_second
+
+
+KEYS = [[1337, 5, 0, 0, 1], [0, 0, 0, 0, 1], [2**31 - 2, 2**31 - 1, 7, 3, 8], [42, 123456, 1, 1, 2]]
+
+
+@pytest.mark.parametrize("shape", [(8, 64, 32), (3,), (5, 1), (2, 4, 7, 7), (1, 33)])
+def test_the_fused_mask_kernel_is_the_composed_hash_bit_for_bit(pynative, shape):
+    """The CPU kernel (DropoutKeep) draws the very masks of keep_mask's composition, on every site, rate and key:
+    a run with the fused kernels and one without drop the same elements."""
+    import mindspore as ms
+    from ms_llm.nn import cpu_kernels
+
+    if cpu_kernels.library() is None:
+        pytest.fail(f"the fused CPU kernels did not build: {cpu_kernels.build_error()}")
+    kernel = cpu_kernels.op("dropout_keep")
+    x = ms.Tensor(np.zeros(shape, np.float16))  # its shape alone is read
+    for key in KEYS:
+        for site, p in ((0, 0.25), (3, 0.1), (17, 0.9)):
+            threshold = int(round(p * (1 << 24)))
+            fused = kernel(x, ms.Tensor(np.array(key, np.int32)), ms.Tensor(np.array([site, threshold], np.int32)))
+            assert fused.dtype == ms.bool_
+            assert np.array_equal(fused.asnumpy(), mask(shape, key, site, p)), (key, site, p)
+
+
+def test_a_site_with_the_kernel_drops_and_scales_as_the_composition_forward_and_backward(pynative):
+    import mindspore as ms
+    from mindspore import nn
+    from ms_llm.nn.backend import Backend
+    from ms_llm.nn.dropout import KEY_NAME, StatelessDropout, bind_dropout
+
+    class Two(nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = StatelessDropout(0.3), StatelessDropout(0.3)
+
+        def construct(self, x):
+            return self.b(self.a(x) * 2.0)
+
+    x = ms.Tensor(np.random.default_rng(0).standard_normal((4, 6, 10)).astype(np.float32))
+    results = []
+    for cpu_kernels in (True, False):
+        model = Two()
+        bind_dropout(model, Backend("CPU", cpu_kernels=cpu_kernels))
+        assert (model.a.fused_mask is not None) == cpu_kernels and model.b.site == 1
+        getattr(model, KEY_NAME).set_data(ms.Tensor(np.array([9, 4, 1, 0, 1], np.int32)))
+        model.set_train(True)
+        y, dx = ms.value_and_grad(model)(x)
+        results.append((y.asnumpy(), dx.asnumpy()))
+    (y_fused, dx_fused), (y_plain, dx_plain) = results
+    assert np.array_equal(y_fused, y_plain) and np.array_equal(dx_fused, dx_plain)
+    assert 0.3 < (y_plain == 0).mean() < 0.7  # two sites of 0.3: about half dropped

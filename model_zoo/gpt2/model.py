@@ -22,4 +22,4 @@ def build_gpt2(m, compute_dtype=ms.float32, backend=PORTABLE):
     final_norm = LayerNorm(m.hidden_size, m.norm_eps, m.bias, backend)
     return CausalLM(m.vocab_size, m.hidden_size, layers, final_norm, m.init_std,
                     m.tie_embeddings, positions=normal((m.seq_length, m.hidden_size), m.init_std, "positions"),
-                    dropout=m.dropout, compute_dtype=compute_dtype)
+                    dropout=m.dropout, compute_dtype=compute_dtype, backend=backend)

@@ -30,7 +30,8 @@ def build_llama(m, compute_dtype=ms.float32, backend=PORTABLE):
         for i in range(m.num_layers)
     ]
     return CausalLM(m.vocab_size, m.hidden_size, layers, RMSNorm(m.hidden_size, m.norm_eps, backend), m.init_std,
-                    m.tie_embeddings, positions=None, dropout=m.dropout, compute_dtype=compute_dtype)
+                    m.tie_embeddings, positions=None, dropout=m.dropout, compute_dtype=compute_dtype,
+                    backend=backend)
 
 
 def experts(m, out_std, compute_dtype):

@@ -15,7 +15,9 @@ so a rerun, a resume (the step counter is checkpointed), a cached graph and the 
 ranks or micro-batches draw the same masks. The key lives in one int32 parameter of the model, `dropout_key`
 (seed, step, micro-batch, rank, data-parallel size): the model is built with it (`bind_dropout`), the training step
 writes (step, micro-batch) into it before each micro-batch's forward, and a graph binds it like any other parameter.
-Outside training (`set_train(False)`) a site is the identity.
+Outside training (`set_train(False)`) a site is the identity. On a backend with the fused CPU kernels the mask is one
+kernel (DropoutKeep, bit for bit this hash) instead of some fifty ops a site: a graph with dropout compiled in 2.4x
+the time of one without on CPU before it.
 """
 import numpy as np
 
@@ -56,11 +58,16 @@ class StatelessDropout(nn.Cell):
         self.p = float(p)
         self.site = 0
         self.key = None
+        self.fused_mask = None  # the fused CPU kernel of keep_mask (bind_dropout), or None: the composition
+        self.site_threshold = None
 
     def construct(self, x):
         if not self.training:
             return x
-        keep = keep_mask(x.shape, self.key, self.site, self.p)
+        if self.fused_mask is not None:
+            keep = self.fused_mask(x, self.key, self.site_threshold)
+        else:
+            keep = keep_mask(x.shape, self.key, self.site, self.p)
         return ops.select(keep, x / (1.0 - self.p), ops.zeros_like(x))
 
 
@@ -69,9 +76,13 @@ def dropout_site(p):
     return StatelessDropout(p) if p > 0 else nn.Identity()
 
 
-def bind_dropout(model):
+def bind_dropout(model, backend=None):
     """Give every dropout site of `model` its number and the model's one key parameter (made here on first use;
-    seed 0, step 0, rank 0 of 1 until the training step says otherwise). Call again after adding sites (LoRA)."""
+    seed 0, step 0, rank 0 of 1 until the training step says otherwise), and the fused mask kernel when the backend
+    the model was built for has it. Call again after adding sites (LoRA), without `backend`: the model's is kept."""
+    if backend is not None:
+        model.dropout_backend = backend
+    backend = getattr(model, "dropout_backend", None)
     sites = [cell for _, cell in model.cells_and_names() if isinstance(cell, StatelessDropout)]
     if not sites:
         return None
@@ -79,8 +90,10 @@ def bind_dropout(model):
     if key is None:
         key = Parameter(ms.Tensor(np.array([0, 0, 0, 0, 1], np.int32)), name=KEY_NAME, requires_grad=False)
         setattr(model, KEY_NAME, key)
+    fused = backend.kernel("dropout_keep") if backend is not None else None
     for number, cell in enumerate(sites):
-        cell.site, cell.key = number, key
+        cell.site, cell.key, cell.fused_mask = number, key, fused
+        cell.site_threshold = ms.Tensor(np.array([number, int(round(cell.p * _BITS))], np.int32))
     return key
 
 

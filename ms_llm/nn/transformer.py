@@ -101,7 +101,7 @@ class CausalLM(nn.Cell):
     """
 
     def __init__(self, vocab_size, hidden, layers, final_norm, init_std=0.02, tie_embeddings=True,
-                 positions=None, dropout=0.0, compute_dtype=ms.float32):
+                 positions=None, dropout=0.0, compute_dtype=ms.float32, backend=PORTABLE):
         super().__init__()
         self.embedding = normal((vocab_size, hidden), init_std, "embedding")
         self.positions = positions
@@ -118,7 +118,7 @@ class CausalLM(nn.Cell):
         self.num_moe_layers = sum(1 for layer in layers if layer.routed)
         self.router_experts = next((layer.mlp.num_experts for layer in layers if layer.routed), 0)
         self.document_mask = DocumentMask()
-        bind_dropout(self)  # dropout masks keyed on (seed, step, sample, site): ms_llm/nn/dropout.py
+        bind_dropout(self, backend)  # dropout masks keyed on (seed, step, sample, site): ms_llm/nn/dropout.py
 
     def hidden_states(self, ids, segments=None):
         """(embedding output, each layer's output, final norm output): the residual stream layer by layer."""

@@ -200,10 +200,22 @@ def _rms_norm():
     return custom("RmsNormFwd", lambda x, w, eps: x, lambda x, w, eps: x)
 
 
+def _dropout_keep():
+    """(x, key (5,) int32, (site, threshold) int32) → the site's keep mask (bool, x's shape), from x's shape alone:
+    ms_llm.nn.dropout's hash in one kernel. Its gradient is zero (a mask)."""
+    import mindspore as ms
+    from mindspore import ops
+
+    def bprop(x, key, site, out, dout):
+        return ops.zeros_like(x), ops.zeros_like(key), ops.zeros_like(site)
+
+    return custom("DropoutKeep", lambda x, key, site: x, lambda x, key, site: ms.bool_, bprop)
+
+
 _BUILDERS = {"gelu_tanh": _gelu_tanh, "layer_norm": _layer_norm, "sum_squares": _sum_squares,
              "sum_squares_all": _sum_squares_all, "scale_all": _scale_all,
              "causal_softmax": _causal_softmax, "softmax_cross_entropy": _softmax_cross_entropy,
              "softmax_cross_entropy_loss": _softmax_cross_entropy_loss, "heads_split": _heads_split,
              "swap_middle_axes": _swap_middle_axes, "gelu_tanh_grad": _gelu_tanh_grad,
              "causal_softmax_grad": _causal_softmax_grad, "decode_attention": _decode_attention,
-             "decode_rope": _decode_rope, "rms_norm": _rms_norm}
+             "decode_rope": _decode_rope, "rms_norm": _rms_norm, "dropout_keep": _dropout_keep}

@@ -461,3 +461,43 @@ extern "C" int RmsNormFwd(int, void **params, int *ndims, int64_t **shapes, cons
   }
   return 0;
 }
+
+namespace {
+
+// The stateless dropout's hash (ms_llm/nn/dropout.py): Mueller's hash32 finaliser on 31-bit values in int64. Every
+// value is non-negative, so the composition's floor division by 65536 is a shift.
+constexpr int64_t kM31 = (int64_t(1) << 31) - 1;
+constexpr int64_t kHashMul = 0x45D9F3B;
+constexpr int64_t kKeepBits = int64_t(1) << 24;
+
+inline int64_t mix31(int64_t x) {
+  x = ((x ^ (x >> 16)) * kHashMul) & kM31;
+  x = ((x ^ (x >> 16)) * kHashMul) & kM31;
+  return x ^ (x >> 16);
+}
+
+}  // namespace
+
+// The keep mask of one dropout site, equal bit for bit to dropout.keep_mask's composition of some fifty MindSpore
+// ops. Inputs: x (its shape alone is read: rows on the first axis), key (5 int32: seed, step, micro-batch, rank,
+// data-parallel size), site and threshold (2 int32: the site's number, round(p · 2^24)). Output: keep (bool, x's
+// shape).
+extern "C" int DropoutKeep(int, void **params, int *ndims, int64_t **shapes, const char **, void *, void *) {
+  const int32_t *key = static_cast<const int32_t *>(params[1]);
+  const int32_t *site = static_cast<const int32_t *>(params[2]);
+  bool *keep = static_cast<bool *>(params[3]);
+  const int64_t n = numel(ndims[0], shapes[0]);
+  const int64_t rows = ndims[0] > 0 ? shapes[0][0] : 1;
+  if (rows == 0) return 0;
+  const int64_t width = n / rows;
+  const int64_t k0 = key[0], k1 = key[1], k2 = key[2], k3 = key[3], k4 = key[4];
+  const int64_t site_key = mix31(mix31((k0 * 1000003 + site[0]) & kM31) ^ k1);
+  const int64_t threshold = site[1];
+  for (int64_t r = 0; r < rows; r++) {
+    const int64_t sample = (k2 * rows + r) * k4 + k3;
+    const int64_t row_key = mix31(site_key ^ mix31(sample & kM31));
+    bool *kr = keep + r * width;
+    for (int64_t e = 0; e < width; e++) kr[e] = (mix31(row_key ^ e) & (kKeepBits - 1)) >= threshold;
+  }
+  return 0;
+}
