@@ -117,3 +117,21 @@ def test_a_site_with_the_kernel_drops_and_scales_as_the_composition_forward_and_
     (y_fused, dx_fused), (y_plain, dx_plain) = results
     assert np.array_equal(y_fused, y_plain) and np.array_equal(dx_fused, dx_plain)
     assert 0.3 < (y_plain == 0).mean() < 0.7  # two sites of 0.3: about half dropped
+
+
+def test_sites_added_after_the_build_take_the_models_backend():
+    """LoRA's adapter dropout, added to a model built without dropout, draws its masks with the fused kernel of the
+    backend the model was built for (and the composition on one without)."""
+    from ms_llm.config import load_config
+    from ms_llm.nn.backend import Backend
+    from ms_llm.nn.dropout import StatelessDropout
+    from ms_llm.nn.lora import apply_lora
+    from model_zoo import build_model
+
+    cfg = load_config(None, ["model.preset=tiny-gpt2", "model.num_layers=1", "model.vocab_size=40"])
+    for fused in (True, False):
+        model = build_model(cfg.model, cfg.precision.compute_dtype, Backend("CPU", cpu_kernels=fused))
+        apply_lora(model, 4, 8, 0.1)
+        sites = [c for _, c in model.cells_and_names() if isinstance(c, StatelessDropout)]
+        assert len(sites) == 4 and [c.site for c in sites] == [0, 1, 2, 3]
+        assert all((c.fused_mask is not None) == fused for c in sites)
