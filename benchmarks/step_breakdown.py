@@ -52,7 +52,7 @@ def main():
     os.environ.setdefault("GLOG_v", "3")
     from ms_llm.config import load_config
     from ms_llm.diagnose.measure import HostMeter
-    from ms_llm.train.session import StepOutput, open_session
+    from ms_llm.train.session import open_session
     from ms_llm.train.setup.dataset import prepared_runtime
     from ms_llm.train.step_runner import StepRunner
 
@@ -71,11 +71,9 @@ def main():
             w, c = [time.perf_counter()], [time.thread_time()]
             batches = s.next_batches()
             w.append(time.perf_counter()), c.append(time.thread_time())
-            inputs = s.step_inputs(batches)
+            inputs = s.loss.inputs(batches)
             w.append(time.perf_counter()), c.append(time.thread_time())
-            for x in inputs[:-1]:
-                s.step_fn.accumulate(*x)
-            out = StepOutput(*s.step_fn(*inputs[-1]))
+            out = runner.run(inputs)
             w.append(time.perf_counter()), c.append(time.thread_time())
             out.loss.asnumpy()
             w.append(time.perf_counter()), c.append(time.thread_time())

@@ -82,9 +82,12 @@ def step(E, batches, accum, dp):
     count = ms.Tensor(np.float32(sum(w.sum() for _, w in batches)))
     seg = ms.Tensor(np.ones((B, T + 1), np.int32))
     inputs = [(count, ms.Tensor(ids), ms.Tensor(w), seg, ms.Tensor(np.zeros_like(w))) for ids, w in batches]
-    for x in inputs[:-1]:
-        train.accumulate(*x)
-    loss, norm, _, _ = train(*inputs[-1])
+    if accum == 1:
+        loss, norm, _, _ = train(*inputs[0])
+    else:
+        for x in inputs:
+            train.accumulate(*x)
+        loss, norm, _, _ = train()  # the update, from the accumulated buffers
     return float(loss.asnumpy()), float(norm.asnumpy())
 
 

@@ -328,8 +328,13 @@ def test_the_private_call_naming_a_graphs_parameters_still_works(dataset):
     names = compile_cache.graph_parameter_names(s.step_fn.accumulate)
     assert "layers.0.attention.qkv.weight" in names and "grad_accum.layers.0.attention.qkv.weight" in names
     assert all(compile_cache.unowned_parameters(c) == [] for c in s.step_cells)
-    signature = compile_cache.graph_signature(s.step_fn)  # MindSpore's IR of the graph: inputs, weights, outputs
+    # MindSpore's IR of a graph: inputs, weights, outputs. At accumulation 2 the micro-batch's graph takes the ids
+    # and returns its loss; the update's takes no batch and returns (loss, grad norm, code, loss scale).
+    signature = compile_cache.graph_signature(s.step_fn.accumulate)
     assert signature["parameters"][0][1] == ["DT_INT32", [4, 33]]  # the ids
+    assert signature["outputs"] == [["DT_FLOAT32", []]]
+    signature = compile_cache.graph_signature(s.step_fn)
+    assert ["DT_INT32", [4, 33]] not in [p[1] for p in signature["parameters"]]
     assert signature["outputs"] == [[["DT_FLOAT32", []], ["DT_FLOAT32", []], ["DT_INT32", []], ["DT_FLOAT32", []]]]
     assert np.isfinite(float(s.step_fn.accumulate(batches[0]).asnumpy()))
 

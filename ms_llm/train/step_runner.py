@@ -2,7 +2,8 @@
 these. The first step compiles the step's graphs, or loads them from the compile cache and checks them, in
 ms_llm/train/compile_step.py (which owns every recompile); after it, a step is only its compiled calls:
 
-    step():  batches → the cells' inputs → [AccumulateStep × (accum - 1)] → TrainStep → StepOutput
+    step():  batches → the cells' inputs → TrainStep(batch) → StepOutput
+             with accumulation: AccumulateStep × accum → TrainStep() (the update) → StepOutput
 """
 import time
 
@@ -32,14 +33,16 @@ class StepRunner:
 
     def run(self, inputs):
         step_fn = self.s.step_fn
-        for x in inputs[:-1]:
+        if self.s.accum == 1:
+            return StepOutput(*step_fn(*inputs[0]))
+        for x in inputs:
             step_fn.accumulate(*x)
-        return StepOutput(*step_fn(*inputs[-1]))
+        return StepOutput(*step_fn())
 
     def graph_inputs(self, inputs):
-        """One step's inputs as the compiled cells take them: AccumulateStep the first micro-batch's, TrainStep the
-        last's."""
-        return inputs[-2:] if self.s.accum > 1 else inputs[-1:]
+        """One step's inputs as the compiled cells take them: TrainStep the batch's; with accumulation,
+        AccumulateStep a micro-batch's and TrainStep (the update from the buffers) none."""
+        return [inputs[0], ()] if self.s.accum > 1 else inputs[:1]
 
     def compile(self, batches):
         """Compile the step's graphs for these micro-batches without running them, cache off (`ms-llm benchmark
