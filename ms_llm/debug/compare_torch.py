@@ -217,7 +217,8 @@ def run_ms_llm(cfg, arrays, batch, target):
     scale = float(step.state.loss_scale.asnumpy())
     loss = float(step.accumulate(ids).asnumpy())
     grads = {q.name: b.asnumpy() * np.float32(2 / scale) for q, b in zip(params, step.state.grad_buffers)}
-    _, grad_norm, code, _ = step(ids)
+    step.accumulate(ids)  # the same batch again: the step's gradient is the batch's (2 micro-batches of it ÷ 2)
+    _, grad_norm, code, _ = step()
     after = {q.name: q.asnumpy().copy() for q in params}
     read_norm = float(np.sqrt(sum(float(np.square(g, dtype=np.float64).sum()) for g in grads.values())))
     return {"forward": forward, "loss": loss, "grads": grads, "order": [q.name for q in params], "before": before,

@@ -232,6 +232,8 @@ class TrainStep(nn.Cell):
         return loss, grads
 
     def construct(self, *inputs):
+        if self.accum > 1 and inputs:  # (decided at compile time) a batch given here would be silently left out
+            raise ValueError("with accumulation, TrainStep() takes no batch: accumulate every micro-batch first")
         st = self.state
         scale = st.loss_scale.value()
         loss, grads = self.gradients(scale, *inputs)
