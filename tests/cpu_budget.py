@@ -10,9 +10,10 @@ import json
 import sys
 
 # The whole suite under CI's command on a clean machine (an empty ~/.cache/ms_llm: no compiled graph to reuse):
-# 1,320-1,583 CPU seconds on fresh clones of one code on 2026-12-07, the same tests' CPU moving by up to 15% from one
-# run to the next on that VM (2,232 at main@521fd25). (1,250 had been set from runs that reused earlier runs' graphs.)
-BUDGET_CPU_S = 1450
+# 1,190 CPU seconds on a fresh clone on 2026-12-08, after dropout's mask became one CPU kernel and accumulation
+# compiled the model once (1,276 the run before them; 1,320-1,583 on 2026-12-07, 2,232 at main@521fd25). The same
+# tests' CPU moves by up to 15% from one run to the next on that VM, inside the 20% this budget allows.
+BUDGET_CPU_S = 1250
 OVER = 1.2
 
 
