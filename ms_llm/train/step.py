@@ -24,9 +24,9 @@ round trip; the loss itself knows nothing of ranks.
 
 With accum > 1 every micro-batch accumulates (`AccumulateStep`) and `TrainStep`, called without inputs, updates
 from the buffers: two graphs, one of them with the model's forward and backward (a TrainStep with its own forward for
-the last micro-batch compiled the model twice: 3.8 against 1.9 CPU s for the tests' tiny model, and the sums are the
-same, addition being commutative). With accum == 1 a step is a single compiled call of TrainStep on the batch. The pipelined step is
-ms_llm/train/pipeline_step.py. What the step does besides the forward and the
+the last micro-batch compiled the model twice: 3.8 against 2.6 CPU s for the tests' tiny model at accumulation 2, and
+the sums are the same, addition being commutative). With accum == 1 a step is a single compiled call of TrainStep on
+the batch. The pipelined step is ms_llm/train/pipeline_step.py. What the step does besides the forward and the
 optimizer (precision, clipping, the anomaly guard, accumulation, data parallelism, dropout) is one `StepSpec`, built
 from the run's config and layout in `StepSpec.of_run`.
 """
